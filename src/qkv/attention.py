@@ -131,9 +131,13 @@ class KVCache(nn.Module):
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search), in place."""
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+        """Keep batch rows ``index`` (beam search); only the filled positions move."""
+        if index.numel() != self.k.size(0):
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            return
+        end = self.length
+        self.k[:, :, :end] = self.k[:, :, :end].index_select(0, index)
+        self.v[:, :, :end] = self.v[:, :, :end].index_select(0, index)
 
     def reset(self) -> None:
         self.length = 0

@@ -194,7 +194,7 @@ class Transformer(nn.Module):
         for layer in self.decoder.layers:
             layer.self_attn.setup_cache(
                 batch_size,
-                max_len or self.config.max_len,
+                self.config.max_len if max_len is None else max_len,
                 dtype or ref.dtype,
                 device or ref.device,
                 cross=False,

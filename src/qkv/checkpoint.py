@@ -1,0 +1,109 @@
+"""The run folder: weights in safetensors, config and metrics as text, training state for resume.
+
+Every write goes to a temporary file in the same folder and is then renamed over the target,
+so a crash leaves either the old file or the new one, never half of one.
+
+A run folder holds:
+    config.json          task name, ModelConfig, TrainConfig and the task's own settings
+    model.safetensors    the weights to use (the best validation checkpoint)
+    last.safetensors     the latest weights, with state.pt, for --resume
+    state.pt             optimizer, scheduler, step, epoch, RNG states
+    metrics.csv          one row per log step
+    tokenizer.json ...   whatever the task needs to read its inputs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from qkv.errors import InputError
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+LAST_WEIGHTS = "last.safetensors"
+STATE = "state.pt"
+METRICS = "metrics.csv"
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary path beside ``path``, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """Weights as safetensors; tied matrices are stored once."""
+    atomic_write(path, lambda tmp: save_model(model, str(tmp)))
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no weights here; is this a qkv run folder?")
+    missing, unexpected = load_model(model, str(path), strict=False)
+    if unexpected or missing:
+        raise InputError(
+            f"{path}: the weights do not fit this model (missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}); was config.json changed?"
+        )
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The run folder's config.json, with one clear error when it is not a run folder."""
+    path = Path(run_dir) / CONFIG
+    if not Path(run_dir).is_dir():
+        raise InputError(f"{run_dir}: no such run folder; pass the --out folder of `qkv train`")
+    if not path.is_file():
+        raise InputError(f"{path}: missing; {run_dir} is not a qkv run folder")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not valid JSON ({error}); the run folder is damaged") from None
+
+
+def average_weights(paths: list[Path], model: nn.Module) -> None:
+    """Load into ``model`` the mean of the weights saved at ``paths`` (checkpoint averaging)."""
+    total: dict[str, torch.Tensor] = {}
+    for path in paths:
+        load_weights(model, path)
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                total[name] = total.get(name, 0) + tensor.double()
+    model.load_state_dict(
+        {name: (t / len(paths)).to(model.state_dict()[name].dtype) for name, t in total.items()},
+        strict=False,
+    )

@@ -1,0 +1,399 @@
+"""Data for translation: parallel text readers, a subword tokenizer, and token-count batching.
+
+The readers turn files (or a Hugging Face dataset) into sentence pairs, ``clean_pairs`` drops the
+unusable ones, ``SubwordTokenizer`` maps text to ids, and ``token_batches`` groups examples of
+similar length into batches of at most ``max_tokens`` padded tokens.
+
+Legend: B batch, S source length, T target length.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from qkv.checkpoint import write_text
+from qkv.errors import InputError, where
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # index == fixed id
+
+Pair = tuple[str, str]
+
+
+# ---------------------------------------------------------------- readers
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[str]:
+    """Read a UTF-8 text file as lines without their ``\\n`` or ``\\r\\n`` endings.
+
+    Only ``\\n`` ends a line: ``str.splitlines`` would also split on U+2028 or U+0085 inside a
+    sentence and break the alignment of parallel files.
+
+    Args:
+        path: the file.
+
+    Returns:
+        One string per line; a final newline does not add an empty line.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{where(path)}: no such file; check the path.")
+    if path.is_dir():
+        raise InputError(f"{where(path)}: is a directory; pass a text file with one line each.")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputError(
+            f"{where(path)}: cannot be read ({e.strerror}); check its permissions."
+        ) from None
+    if not data:
+        raise InputError(f"{where(path)}: the file is empty; pass a file with one line each.")
+    raw_lines = data.split(b"\n")  # safe on bytes: 0x0A never occurs inside a UTF-8 sequence
+    if raw_lines[-1] == b"":
+        raw_lines.pop()
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(
+                f"{where(path, number)}: byte {e.start + 1} of the line (0x{raw[e.start]:02x}) "
+                "is not valid UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+            ) from None
+        lines.append(line.removesuffix("\r"))
+    lines[0] = lines[0].removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
+    return lines
+
+
+def read_parallel(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike[str]) -> list[Pair]:
+    """Read two line-aligned files (line i of one translates line i of the other).
+
+    Returns:
+        ``(source, target)`` pairs, one per line.
+    """
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise InputError(
+            f"{where(src_path)}: has {len(src)} lines but {where(tgt_path)} has {len(tgt)}; "
+            "parallel files must hold one sentence per line, line by line aligned."
+        )
+    return list(zip(src, tgt, strict=True))
+
+
+def read_tsv(path: str | os.PathLike[str]) -> list[Pair]:
+    """Read ``source<TAB>target`` lines.
+
+    Blank lines become ``("", "")`` so that ``clean_pairs`` counts them as skipped.
+
+    Returns:
+        ``(source, target)`` pairs, one per line.
+    """
+    pairs = []
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            pairs.append(("", ""))
+            continue
+        tabs = line.count("\t")
+        if tabs != 1:
+            raise InputError(
+                f"{where(path, number)}: expected source<TAB>target but found {tabs} tabs; "
+                "put exactly one tab between the source and the target sentence."
+            )
+        src, tgt = line.split("\t")
+        pairs.append((src, tgt))
+    return pairs
+
+
+def read_hf_dataset(
+    dataset: Any,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+    src_field: str = "src",
+    tgt_field: str = "tgt",
+) -> list[Pair]:
+    """Read sentence pairs from one split of a Hugging Face ``datasets.Dataset``.
+
+    Args:
+        dataset: a ``datasets.Dataset`` (one split, e.g. ``load_dataset(...)["train"]``).
+        src_lang, tgt_lang: language keys of a ``translation`` column
+            (``{"translation": {"de": ..., "en": ...}}``); when given, that layout is read.
+        src_field, tgt_field: the two string columns, read when no languages are given.
+
+    Returns:
+        ``(source, target)`` pairs; a missing value becomes ``""`` so ``clean_pairs`` drops it.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise InputError(
+            "reading a Hugging Face dataset needs the datasets package; "
+            "install it with `pip install datasets`."
+        ) from None
+    if not isinstance(dataset, datasets.Dataset):
+        raise InputError(
+            f"expected a datasets.Dataset but got {type(dataset).__name__}; "
+            "pass one split, e.g. dataset['train']."
+        )
+    columns = list(dataset.column_names)
+    if src_lang is not None or tgt_lang is not None:
+        if src_lang is None or tgt_lang is None or "translation" not in columns:
+            raise InputError(
+                f"src_lang={src_lang!r} and tgt_lang={tgt_lang!r} need both languages and a "
+                f"'translation' column (columns: {columns}); give both or use src_field/tgt_field."
+            )
+        pairs = []
+        for row, item in enumerate(dataset["translation"]):
+            missing = [lang for lang in (src_lang, tgt_lang) if lang not in item]
+            if missing:
+                raise InputError(
+                    f"dataset row {row}: translation has no {missing[0]!r} (it has "
+                    f"{sorted(item)}); pick src_lang and tgt_lang among those."
+                )
+            pairs.append((_text(item[src_lang], row), _text(item[tgt_lang], row)))
+        return pairs
+    for field in (src_field, tgt_field):
+        if field not in columns:
+            hint = " or src_lang/tgt_lang" if "translation" in columns else ""
+            raise InputError(
+                f"dataset has no column {field!r} (columns: {columns}); "
+                f"pass src_field and tgt_field{hint}."
+            )
+    return [
+        (_text(src, row), _text(tgt, row))
+        for row, (src, tgt) in enumerate(zip(dataset[src_field], dataset[tgt_field], strict=True))
+    ]
+
+
+def _text(value: object, row: int) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(
+            f"dataset row {row}: expected a string but got {type(value).__name__}; "
+            "choose text columns for src_field and tgt_field."
+        )
+    return value
+
+
+def clean_pairs(
+    pairs: Iterable[Pair], max_len: int, count_tokens: Callable[[str], int]
+) -> tuple[list[Pair], dict[str, int]]:
+    """Drop pairs with an empty side or a side longer than ``max_len`` tokens.
+
+    Args:
+        pairs: ``(source, target)`` pairs.
+        max_len: most tokens allowed on either side.
+        count_tokens: ``text -> number of tokens``, e.g. ``lambda s: len(tokenizer.encode(s))``.
+
+    Returns:
+        The kept pairs in their order, and counts ``{"empty": n, "too_long": m, "kept": k}``.
+    """
+    kept: list[Pair] = []
+    counts = {"empty": 0, "too_long": 0, "kept": 0}
+    for src, tgt in pairs:
+        if not src.strip() or not tgt.strip():
+            counts["empty"] += 1
+        elif count_tokens(src) > max_len or count_tokens(tgt) > max_len:
+            counts["too_long"] += 1
+        else:
+            kept.append((src, tgt))
+    counts["kept"] = len(kept)
+    return kept, counts
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+class SubwordTokenizer:
+    """Byte-pair-encoding subwords (Hugging Face ``tokenizers``) with fixed special ids.
+
+    ``<pad>``=0, ``<s>``=1, ``</s>``=2, ``<unk>``=3. Spaces become ``▁`` before splitting
+    (Metaspace), so ``decode(encode(s)) == s`` for NFKC-normal text with single spaces.
+    Train one tokenizer on source and target text for a joint vocabulary.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        for token_id, token in enumerate(SPECIAL_TOKENS):
+            if tokenizer.token_to_id(token) != token_id:
+                raise ValueError(f"{token} has id {tokenizer.token_to_id(token)}, not {token_id}")
+        self._tokenizer = tokenizer
+
+    @classmethod
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2
+    ) -> SubwordTokenizer:
+        """Learn BPE merges from ``texts`` until the vocabulary has ``vocab_size`` entries.
+
+        Args:
+            texts: sentences (any iterable; read once).
+            vocab_size: vocabulary size including the four special tokens.
+            min_frequency: a pair must occur this often to be merged.
+        """
+        if vocab_size <= len(SPECIAL_TOKENS):
+            raise InputError(
+                f"vocab_size={vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special "
+                "tokens; use a few thousand."
+            )
+        tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+        tokenizer.normalizer = normalizers.NFKC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),  # added first, so they take ids 0..3
+            show_progress=False,
+        )
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        return cls(tokenizer)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of ``text``, without ``<s>`` or ``</s>``."""
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        """``encode`` for many texts at once, in parallel inside the library."""
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text of ``ids`` (a list or a 1-D tensor); special ids are skipped."""
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """The subword of each id, special tokens included (labels for attention plots)."""
+        strings = []
+        for i in ids:
+            token = self._tokenizer.id_to_token(int(i))
+            if token is None:
+                raise ValueError(f"id {int(i)} is outside the vocabulary of {self.vocab_size}")
+            strings.append(token)
+        return strings
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the tokenizer as one JSON file; a crash never leaves a half-written file."""
+        write_text(Path(path), self._tokenizer.to_str())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SubwordTokenizer:
+        """Read a file written by ``save``."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"{where(path)}: no such tokenizer file; check the path.")
+        try:
+            tokenizer = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+            return cls(tokenizer)
+        except Exception as e:  # the Rust parser raises a bare Exception
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(
+                f"{where(path)}: is not a qkv tokenizer ({reason}); "
+                "pass the JSON file written by SubwordTokenizer.save."
+            ) from None
+
+
+# ---------------------------------------------------------------- batching
+
+
+def token_batches(
+    lengths: Sequence[int], max_tokens: int, shuffle: bool, seed: int, epoch: int = 0
+) -> list[list[int]]:
+    """Group example indices into batches of at most ``max_tokens`` padded tokens.
+
+    Examples are sorted by length (ties broken at random when shuffling) and packed greedily,
+    so a batch holds similar lengths and little padding; then the order of batches is shuffled.
+
+    Args:
+        lengths: tokens per example (e.g. the longer of source and target).
+        max_tokens: budget per batch: ``len(batch) * max(lengths in batch) <= max_tokens``;
+            an example longer than the budget gets a batch of its own.
+        shuffle: randomize tie order and batch order.
+        seed, epoch: the same pair gives the same batches; a new epoch gives a new order.
+
+    Returns:
+        Batches of indices into ``lengths``; every index appears exactly once.
+    """
+    if max_tokens < 1:
+        raise InputError(f"max_tokens={max_tokens} must be positive; use a few thousand.")
+    sizes = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    rng = np.random.default_rng(seed * 100003 + epoch) if shuffle else None
+    if rng is not None:
+        order = np.lexsort((rng.permutation(len(sizes)), sizes))  # last key sorts first
+    else:
+        order = np.argsort(sizes, kind="stable")
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for index, size in zip(order.tolist(), sizes[order].tolist(), strict=True):
+        size = max(size, 1)  # an empty example still takes a row
+        if batch and (len(batch) + 1) * max(longest, size) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(index)
+        longest = max(longest, size)
+    if batch:
+        batches.append(batch)
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches)).tolist()]
+    return batches
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch.Tensor:
+    """Right-pad id sequences into a (B, T) long tensor, T the longest sequence."""
+    longest = max((len(seq) for seq in sequences), default=0)
+    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)  # (B, T)
+    for row, seq in enumerate(sequences):
+        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return out
+
+
+@dataclass
+class TranslationBatch:
+    """One training batch: ``tgt_in`` is ``tgt_out`` shifted right by ``<s>`` (teacher forcing).
+
+    Attributes:
+        src: (B, S) source ids, each ending in ``</s>``, right-padded with ``<pad>``.
+        tgt_in: (B, T) ``<s>`` + target, the decoder input.
+        tgt_out: (B, T) target + ``</s>``, what the decoder should predict.
+        n_tokens: non-pad tokens in ``tgt_out``, to normalize the loss per token.
+    """
+
+    src: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    n_tokens: int
+
+    def to(self, device: torch.device | str) -> TranslationBatch:
+        """The same batch with its tensors on ``device``."""
+        return TranslationBatch(
+            self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.n_tokens
+        )
+
+
+def make_translation_batch(
+    src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]
+) -> TranslationBatch:
+    """Build a ``TranslationBatch`` from id sequences without special tokens.
+
+    Args:
+        src_ids: B source sequences.
+        tgt_ids: B target sequences, in the same order.
+    """
+    if len(src_ids) != len(tgt_ids):
+        raise ValueError(f"{len(src_ids)} source sequences but {len(tgt_ids)} target sequences")
+    src = pad_batch([[*seq, EOS_ID] for seq in src_ids])  # (B, S)
+    tgt_in = pad_batch([[BOS_ID, *seq] for seq in tgt_ids])  # (B, T)
+    tgt_out = pad_batch([[*seq, EOS_ID] for seq in tgt_ids])  # (B, T)
+    n_tokens = int((tgt_out != PAD_ID).sum())
+    return TranslationBatch(src=src, tgt_in=tgt_in, tgt_out=tgt_out, n_tokens=n_tokens)

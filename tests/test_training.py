@@ -1,0 +1,157 @@
+import csv
+import math
+
+import pytest
+import torch
+
+from qkv import checkpoint as ckpt
+from qkv.errors import InputError
+from qkv.model import Transformer
+from qkv.tasks.translation import train_translation
+from qkv.training import TrainConfig, configure_optimizer, inverse_sqrt_schedule
+
+from .helpers import tiny_model_config, tiny_pairs, tiny_train_config
+
+
+def test_schedule_warms_up_then_decays_as_inverse_sqrt():
+    factor = inverse_sqrt_schedule(100)
+    assert factor(50) == pytest.approx(0.5)
+    assert factor(100) == pytest.approx(1.0)
+    assert factor(400) == pytest.approx(0.5)
+    assert factor(1600) == pytest.approx(0.25)
+
+
+def test_every_parameter_in_exactly_one_optimizer_group():
+    model = Transformer(tiny_model_config())
+    optimizer = configure_optimizer(model, TrainConfig(weight_decay=0.01))
+    grouped = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    assert sorted(grouped) == sorted({id(p) for p in model.parameters()})
+    decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
+    assert id(model.encoder.layers[0].self_attn_sublayer.norm.weight) not in decayed
+    assert id(model.encoder.layers[0].feed_forward.linear1.weight) in decayed
+
+
+def test_bad_training_settings_name_themselves():
+    with pytest.raises(InputError, match="accumulate=0"):
+        TrainConfig(accumulate=0)
+    with pytest.raises(InputError, match="precision='fp8'"):
+        TrainConfig(precision="fp8")
+
+
+def train(out, **overrides):
+    splits = tiny_pairs()
+    return train_translation(
+        splits["train"],
+        splits["valid"],
+        tiny_model_config(),
+        tiny_train_config(out, **overrides),
+        vocab_size=200,
+        max_len=40,
+    )
+
+
+def read_metrics(run_dir):
+    with open(run_dir / ckpt.METRICS, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_run_folder_holds_everything(tmp_path):
+    summary = train(tmp_path / "run")
+    run = tmp_path / "run"
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "last.safetensors",
+        "state.pt",
+        "metrics.csv",
+        "tokenizer.json",
+        "summary.json",
+    ):
+        assert (run / name).is_file(), name
+    assert summary["steps"] == 6 and summary["stopped_by"] == "max_steps"
+    rows = read_metrics(run)
+    assert [int(r["step"]) for r in rows if r["train_loss"]] == [1, 2, 3, 4, 5, 6]
+    assert sum(1 for r in rows if r["val_bleu"]) == 2
+    assert all(math.isfinite(float(r["train_loss"])) for r in rows if r["train_loss"])
+    assert not list(run.glob(".*.tmp"))  # no temporary files left behind
+
+
+def test_resume_continues_bit_for_bit(tmp_path):
+    splits = tiny_pairs()
+    config = tiny_model_config()
+
+    def run(out, max_steps, resume=False):
+        torch.manual_seed(123)
+        return train_translation(
+            splits["train"],
+            splits["valid"],
+            config,
+            tiny_train_config(out, max_steps=max_steps, eval_every=3, accumulate=2),
+            vocab_size=200,
+            max_len=40,
+            resume=resume,
+        )
+
+    run(tmp_path / "straight", 9)
+    run(tmp_path / "resumed", 6)
+    run(tmp_path / "resumed", 9, resume=True)
+    straight = Transformer(config_from(tmp_path / "straight"))
+    resumed = Transformer(config_from(tmp_path / "resumed"))
+    ckpt.load_weights(straight, tmp_path / "straight" / ckpt.LAST_WEIGHTS)
+    ckpt.load_weights(resumed, tmp_path / "resumed" / ckpt.LAST_WEIGHTS)
+    for (name, a), (_, b) in zip(
+        straight.state_dict().items(), resumed.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    losses = lambda run: [r["train_loss"] for r in read_metrics(tmp_path / run)]  # noqa: E731
+    assert losses("straight") == losses("resumed")
+
+
+def config_from(run_dir):
+    from qkv.config import ModelConfig
+
+    return ModelConfig.from_dict(ckpt.read_run_config(run_dir)["model"])
+
+
+def test_early_stopping_and_time_limit(tmp_path):
+    summary = train(
+        tmp_path / "patient", max_steps=200, eval_every=1, lr=1e-9, warmup_steps=0, patience=2
+    )
+    assert summary["stopped_by"] == "early_stopping"
+    assert summary["steps"] < 200
+    summary = train(tmp_path / "timed", max_steps=10_000, max_time=1.0)
+    assert summary["stopped_by"] == "max_time" and summary["steps"] < 10_000
+
+
+def test_best_checkpoint_and_averaging(tmp_path):
+    summary = train(tmp_path / "avg", max_steps=9, eval_every=3, average_last=3)
+    run = tmp_path / "avg"
+    assert len(list((run / "checkpoints").glob("*.safetensors"))) == 3
+    assert isinstance(summary["averaged_checkpoints"], bool)
+    assert summary["best_val_bleu"] is not None
+
+
+def test_atomic_write_keeps_the_old_file_on_a_crash(tmp_path):
+    target = tmp_path / "file.json"
+    ckpt.write_json(target, {"a": 1})
+
+    def crash(tmp):
+        tmp.write_text("half")
+        raise RuntimeError("power cut")
+
+    with pytest.raises(RuntimeError):
+        ckpt.atomic_write(target, crash)
+    assert target.read_text() == '{\n  "a": 1\n}\n'
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_weights_round_trip_through_safetensors_with_tied_matrices(tmp_path):
+    model = Transformer(tiny_model_config())
+    ckpt.save_weights(model, tmp_path / "w.safetensors")
+    other = Transformer(tiny_model_config())
+    ckpt.load_weights(other, tmp_path / "w.safetensors")
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert other.output.proj.weight is other.tgt_embed.token.weight
+    with pytest.raises(InputError, match="no weights here"):
+        ckpt.load_weights(other, tmp_path / "missing.safetensors")
