@@ -1,0 +1,5 @@
+import sys
+
+from qkv.cli import main
+
+sys.exit(main())

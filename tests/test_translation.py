@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from qkv.errors import InputError
+from qkv.tasks.translation import Translator, corpus_scores, train_translation
+
+from .helpers import tiny_model_config, tiny_pairs, tiny_train_config
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("translation") / "run"
+    splits = tiny_pairs(n_train=300)
+    torch.manual_seed(0)
+    train_translation(splits["train"], splits["valid"], tiny_model_config(),
+                      tiny_train_config(out, max_steps=30, eval_every=15), vocab_size=200,
+                      max_len=40)
+    return out
+
+
+def test_translate_one_by_one_equals_one_batch(run_dir):
+    sentences = [s for s, _ in tiny_pairs()["test"]][:8]
+    for beam in (1, 3):
+        translator = Translator.load(run_dir, beam_size=beam)
+        together = translator.translate(sentences)
+        alone = [translator.translate([s])[0] for s in sentences]
+        assert together == alone
+        assert all(isinstance(t, str) for t in together)
+
+
+def test_empty_lines_stay_empty(run_dir):
+    translator = Translator.load(run_dir, beam_size=2)
+    out = translator.translate(["the dog sees a cat", "", "   ", "my queen swims"])
+    assert len(out) == 4 and out[1] == "" and out[2] == ""
+
+
+def test_evaluate_scores(run_dir):
+    pairs = tiny_pairs()["test"]
+    translator = Translator.load(run_dir, beam_size=1)
+    scores = translator.evaluate([s for s, _ in pairs], [t for _, t in pairs])
+    assert set(scores) == {"bleu", "chrf", "exact_match"}
+    assert 0 <= scores["bleu"] <= 100
+    with pytest.raises(InputError, match="references"):
+        translator.evaluate(["a"], [])
+
+
+def test_corpus_scores_of_perfect_output():
+    refs = ["the cat sat on the mat", "a dog ran home today"]
+    scores = corpus_scores(refs, refs)
+    assert scores["bleu"] == pytest.approx(100.0)
+    assert scores["exact_match"] == 100.0
+    assert corpus_scores(["x y z", "q"], refs)["exact_match"] == 0.0
+
+
+def test_load_refuses_what_is_not_a_translation_run(tmp_path):
+    with pytest.raises(InputError, match="no such run folder"):
+        Translator.load(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="not a qkv run folder"):
+        Translator.load(tmp_path / "empty")
+
+
+def test_empty_and_overlong_pairs_are_skipped_and_counted(tmp_path, capsys):
+    splits = tiny_pairs(n_train=100)
+    train = splits["train"] + [("", "x"), ("y", "  "), (" ".join(["dog"] * 80), "z")]
+    summary = train_translation(train, splits["valid"], tiny_model_config(),
+                                tiny_train_config(tmp_path / "run", max_steps=1), vocab_size=200,
+                                max_len=40)
+    assert summary["steps"] == 1
+    out = capsys.readouterr().out
+    assert "skipped 2 pairs with an empty side and 1 over --max-len 40; 100 kept" in out
