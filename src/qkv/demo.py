@@ -14,11 +14,28 @@ from qkv.training import TrainConfig
 # Sized to reach >= 95% exact match on held-out sentences within ~2.5 minutes on 2 CPU cores.
 # No dropout and no label smoothing: the generated language is unambiguous and fresh data is
 # plentiful, so there is nothing to regularise against.
-DEMO_MODEL = dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
-                  dropout=0.0, norm_first=True, share_embeddings=True, tie_output=True)
+DEMO_MODEL = dict(
+    d_model=128,
+    n_heads=4,
+    d_ff=512,
+    n_encoder_layers=2,
+    n_decoder_layers=2,
+    dropout=0.0,
+    norm_first=True,
+    share_embeddings=True,
+    tie_output=True,
+)
 # fp32: at this width bf16 autocast costs more in casts than it saves in matmuls on a CPU.
-DEMO_TRAIN = dict(max_steps=4000, lr=3e-3, warmup_steps=200, max_tokens=3000, precision="fp32",
-                  eval_every=250, log_every=25, label_smoothing=0.0)
+DEMO_TRAIN = dict(
+    max_steps=4000,
+    lr=3e-3,
+    warmup_steps=200,
+    max_tokens=3000,
+    precision="fp32",
+    eval_every=250,
+    log_every=25,
+    label_smoothing=0.0,
+)
 DEMO_SPLITS = dict(n_train=30000, n_valid=300, n_test=1000)
 
 

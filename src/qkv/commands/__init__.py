@@ -13,7 +13,7 @@ EVALUATORS: dict[str, Callable[[argparse.Namespace], dict]] = {}
 
 
 def register_all(commands: argparse._SubParsersAction) -> None:
-    from qkv.commands import translation
+    from qkv.commands import classification, tagging, translation, vision
 
     train = commands.add_parser(
         "train",
@@ -21,7 +21,8 @@ def register_all(commands: argparse._SubParsersAction) -> None:
         description="Train a model into a run folder.",
     )
     jobs = train.add_subparsers(dest="job", metavar="JOB", required=True)
-    translation.register(commands, jobs)
+    for job in (translation, tagging, classification, vision):
+        job.register(commands, jobs)
     evaluate = commands.add_parser(
         "evaluate",
         help="score a trained run on data (accuracy, BLEU, ...)",
@@ -30,6 +31,11 @@ def register_all(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--model", required=True, help="run folder written by `qkv train`")
     evaluate.add_argument("--src", help="translation: source sentences, one a line")
     evaluate.add_argument("--ref", help="translation: reference translations, one a line")
+    evaluate.add_argument(
+        "--data",
+        help="tagger: CoNLL-U file; classifier: TSV or SST-2 lines; "
+        "vit: folder of class folders (default: the run's held-out split)",
+    )
     evaluate.add_argument("--beam", type=int, default=4, help="beam size (default: 4)")
     evaluate.add_argument(
         "--length-penalty",
