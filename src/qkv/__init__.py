@@ -23,6 +23,9 @@ _LAZY = {
     "read_tsv": "qkv.data",
     "read_hf_dataset": "qkv.data",
     "InputError": "qkv.errors",
+    "Tagger": "qkv.tasks.tagging",
+    "Classifier": "qkv.tasks.classification",
+    "ImageClassifier": "qkv.tasks.vision",
 }
 
 
