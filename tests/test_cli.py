@@ -12,12 +12,18 @@ from .helpers import write_splits
 
 
 def qkv(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "qkv", *map(str, args)], input=stdin,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["train", "translation"], ["translate"],
-                                     ["evaluate"], ["demo"]])
+@pytest.mark.parametrize(
+    "command", [[], ["train"], ["train", "translation"], ["translate"], ["evaluate"], ["demo"]]
+)
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as done:
         main([*command, "--help"])
@@ -25,8 +31,16 @@ def test_every_command_has_help(command, capsys):
     text = capsys.readouterr().out
     assert "usage: qkv" in text
     if command == ["train", "translation"]:
-        for option in ("--train-src", "--max-tokens", "--precision", "--resume",
-                       "--warmup-steps", "--label-smoothing", "--accumulate", "--max-time"):
+        for option in (
+            "--train-src",
+            "--max-tokens",
+            "--precision",
+            "--resume",
+            "--warmup-steps",
+            "--label-smoothing",
+            "--accumulate",
+            "--max-time",
+        ):
             assert option in text
 
 
@@ -35,11 +49,35 @@ def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli")
     paths = write_splits(folder, n_train=200)
     out = folder / "run"
-    done = qkv("train", "translation", "--train-src", paths["train_src"], "--train-tgt",
-               paths["train_tgt"], "--valid-src", paths["valid_src"], "--valid-tgt",
-               paths["valid_tgt"], "--out", out, "--preset", "tiny", "--vocab-size", 200,
-               "--max-steps", 8, "--eval-every", 4, "--log-every", 2, "--max-tokens", 500,
-               "--no-progress", "--precision", "fp32")
+    done = qkv(
+        "train",
+        "translation",
+        "--train-src",
+        paths["train_src"],
+        "--train-tgt",
+        paths["train_tgt"],
+        "--valid-src",
+        paths["valid_src"],
+        "--valid-tgt",
+        paths["valid_tgt"],
+        "--out",
+        out,
+        "--preset",
+        "tiny",
+        "--vocab-size",
+        200,
+        "--max-steps",
+        8,
+        "--eval-every",
+        4,
+        "--log-every",
+        2,
+        "--max-tokens",
+        500,
+        "--no-progress",
+        "--precision",
+        "fp32",
+    )
     assert done.returncode == 0, done.stderr
     return out, paths, done
 
@@ -62,8 +100,18 @@ def test_translate_reads_stdin_line_by_line(trained):
 
 def test_evaluate_prints_json(trained):
     out, paths, _ = trained
-    done = qkv("evaluate", "--model", out, "--src", paths["test_src"], "--ref",
-               paths["test_tgt"], "--beam", 1, "--json")
+    done = qkv(
+        "evaluate",
+        "--model",
+        out,
+        "--src",
+        paths["test_src"],
+        "--ref",
+        paths["test_tgt"],
+        "--beam",
+        1,
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     scores = json.loads(done.stdout)
     assert {"bleu", "chrf"} <= set(scores) and scores["sentences"] == 20
@@ -71,10 +119,30 @@ def test_evaluate_prints_json(trained):
 
 def test_resume_from_the_command_line(trained, tmp_path):
     out, paths, _ = trained
-    done = qkv("train", "translation", "--train-src", paths["train_src"], "--train-tgt",
-               paths["train_tgt"], "--valid-src", paths["valid_src"], "--valid-tgt",
-               paths["valid_tgt"], "--out", out, "--max-steps", 10, "--eval-every", 4,
-               "--max-tokens", 500, "--no-progress", "--resume", "--precision", "fp32")
+    done = qkv(
+        "train",
+        "translation",
+        "--train-src",
+        paths["train_src"],
+        "--train-tgt",
+        paths["train_tgt"],
+        "--valid-src",
+        paths["valid_src"],
+        "--valid-tgt",
+        paths["valid_tgt"],
+        "--out",
+        out,
+        "--max-steps",
+        10,
+        "--eval-every",
+        4,
+        "--max-tokens",
+        500,
+        "--no-progress",
+        "--resume",
+        "--precision",
+        "fp32",
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "summary.json").read_text())["steps"] == 10
 
@@ -98,8 +166,21 @@ def bad_input_cases(tmp_path):
 @pytest.mark.parametrize("case", ["line counts", "invalid utf-8", "empty file", "missing file"])
 def test_bad_input_is_one_clear_line(tmp_path, case):
     (src, tgt), words = bad_input_cases(tmp_path)[case]
-    done = qkv("train", "translation", "--train-src", src, "--train-tgt", tgt, "--valid-src",
-               src, "--valid-tgt", tgt, "--out", tmp_path / "run", "--no-progress")
+    done = qkv(
+        "train",
+        "translation",
+        "--train-src",
+        src,
+        "--train-tgt",
+        tgt,
+        "--valid-src",
+        src,
+        "--valid-tgt",
+        tgt,
+        "--out",
+        tmp_path / "run",
+        "--no-progress",
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()

@@ -12,9 +12,14 @@ def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("translation") / "run"
     splits = tiny_pairs(n_train=300)
     torch.manual_seed(0)
-    train_translation(splits["train"], splits["valid"], tiny_model_config(),
-                      tiny_train_config(out, max_steps=30, eval_every=15), vocab_size=200,
-                      max_len=40)
+    train_translation(
+        splits["train"],
+        splits["valid"],
+        tiny_model_config(),
+        tiny_train_config(out, max_steps=30, eval_every=15),
+        vocab_size=200,
+        max_len=40,
+    )
     return out
 
 
@@ -63,9 +68,14 @@ def test_load_refuses_what_is_not_a_translation_run(tmp_path):
 def test_empty_and_overlong_pairs_are_skipped_and_counted(tmp_path, capsys):
     splits = tiny_pairs(n_train=100)
     train = splits["train"] + [("", "x"), ("y", "  "), (" ".join(["dog"] * 80), "z")]
-    summary = train_translation(train, splits["valid"], tiny_model_config(),
-                                tiny_train_config(tmp_path / "run", max_steps=1), vocab_size=200,
-                                max_len=40)
+    summary = train_translation(
+        train,
+        splits["valid"],
+        tiny_model_config(),
+        tiny_train_config(tmp_path / "run", max_steps=1),
+        vocab_size=200,
+        max_len=40,
+    )
     assert summary["steps"] == 1
     out = capsys.readouterr().out
     assert "skipped 2 pairs with an empty side and 1 over --max-len 40; 100 kept" in out

@@ -69,3 +69,19 @@ def run_demo(out: Path, max_time: float = 150.0, seed: int = 1, progress: bool =
         f"{len(test_src)} held-out sentences; run folder {out} (summary.json)"
     )
     return summary
+
+
+def write_demo_pictures(run_dir: Path, sentence: str) -> list[Path]:
+    """Draw the trained translator's attention on ``sentence`` into ``run_dir``/attention.
+
+    Returns:
+        the PNG heatmaps (one per kind and layer) and the interactive page, attention.html.
+    """
+    from qkv.explain import run_attention
+    from qkv.viz import attention_pictures
+    from qkv.viz_html import write_attention_page
+
+    folder = Path(run_dir) / "attention"
+    attention = run_attention(run_dir, sentence)
+    paths = attention_pictures(attention, folder)
+    return [*paths, write_attention_page(attention, folder / "attention.html")]

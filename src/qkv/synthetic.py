@@ -187,15 +187,15 @@ class SyntheticLanguage:
 
     def _noun_phrase(self, rng: random.Random, number: str, case: str) -> list[tuple[str, str]]:
         """(source, target) word pairs of a noun phrase, in source order: det adj* noun."""
-        det = rng.choice([d for d, forms in DETERMINERS.items() if forms[NUMBERS.index(number)]])
+        slot = NUMBERS.index(number)
+        det = rng.choice([d for d, forms in DETERMINERS.items() if forms[slot]])
+        det_source = DETERMINERS[det][slot]
         n_adjectives = rng.choices(range(3), weights=ADJECTIVE_COUNT_WEIGHTS)[0]
         adjectives = rng.sample(ADJECTIVES, n_adjectives)
-        det_source = DETERMINERS[det][NUMBERS.index(number)]
         words = [(det_source, self.stem["det", det])]
         words += [(a, self.stem["adj", a]) for a in adjectives]
         words.append(self.noun(rng.choice(NOUNS), number, case))
-        following = words[1][0]
-        if det_source == "a" and following[0] in VOWELS:
+        if det_source == "a" and words[1][0][0] in VOWELS:
             words[0] = ("an", words[0][1])
         return words
 
@@ -217,7 +217,7 @@ class SyntheticLanguage:
             preposition = rng.choice(PREPOSITIONS)
             pp = [(preposition, self.stem["postp", preposition])]
             pp += self._noun_phrase(rng, rng.choice(NUMBERS), "obl")
-        # Number each word by its source position, then reorder the target side.
+        # Source positions travel with the words so the reordered target keeps its alignment.
         parts = [subject, verb, obj, pp]
         indexed, start = [], 0
         for part in parts:

@@ -148,6 +148,21 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
+def main_process_first(work, then=None):
+    """Run ``work()`` on rank 0 while the other ranks wait, then ``then()`` (or ``work``) on them.
+
+    For what must be made once and read by all, such as a tokenizer trained on the data.
+    """
+    rank, world, _ = setup_distributed()
+    if world == 1 or rank == 0:
+        result = work()
+    if world > 1:
+        dist.barrier()
+        if rank != 0:
+            result = (then or work)()
+    return result
+
+
 def rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -446,8 +461,12 @@ class Trainer:
         averaged = False
         if self.is_main and len(self.saved) > 1:
             averaged = self._try_average()
-        if self.is_main:
-            ckpt.load_weights(self.model, self.run_dir / ckpt.WEIGHTS)
+        if self.world > 1:  # every rank reports the same summary
+            shared = [self.best, averaged]
+            dist.broadcast_object_list(shared, src=0)
+            self.best, averaged = shared
+            dist.barrier()
+        ckpt.load_weights(self.model, self.run_dir / ckpt.WEIGHTS)
         if self.tensorboard:
             self.tensorboard.close()
         return {
@@ -455,6 +474,7 @@ class Trainer:
             "steps": self.step,
             "epochs": self.epoch,
             "stopped_by": reason,
+            "world_size": self.world,
             "train_seconds": round(self.elapsed(), 1),
             "tokens_per_second": round(self.tokens_seen / max(self.elapsed(), 1e-9), 1),
             f"best_val_{self.task.metric}": self.best,

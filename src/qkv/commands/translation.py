@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def run_train(args: argparse.Namespace) -> None:
         max_len=args.max_len,
         resume=args.resume,
     )
-    print(f"best validation BLEU {summary['best_val_bleu']:.2f}; run folder {args.out}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"best validation BLEU {summary['best_val_bleu']:.2f}; run folder {args.out}")
 
 
 def run_translate(args: argparse.Namespace) -> None:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from qkv import checkpoint as ckpt
 from qkv.config import ModelConfig
 from qkv.data import (
+    BOS_ID,
     EOS_ID,
     PAD_ID,
     SubwordTokenizer,
@@ -30,7 +31,7 @@ from qkv.data import (
 from qkv.decoding import translate_ids
 from qkv.errors import InputError
 from qkv.model import Transformer
-from qkv.training import TrainConfig, Trainer
+from qkv.training import TrainConfig, Trainer, main_process_first
 
 TOKENIZER = "tokenizer.json"
 
@@ -119,6 +120,26 @@ class Translator:
         for i, out in zip(todo, ids, strict=True):
             outputs[i] = self.tokenizer.decode(out)
         return outputs
+
+    def attention_maps(self, sentence: str) -> dict[str, Any]:
+        """Translate ``sentence`` and collect every layer's and head's attention on the way.
+
+        Returns:
+            ``{"src_tokens": [S], "tgt_tokens": [T] (<s> then the output subwords),
+            "encoder": (L, H, S, S), "decoder": (L, H, T, T), "cross": (L, H, T, S),
+            "output": the translation}``
+        """
+        src_ids = self.encode_sources([sentence])
+        out_ids = self.translate_ids(src_ids)[0]
+        src = torch.tensor(src_ids, device=self.device)  # (1, S)
+        tgt = torch.tensor([[BOS_ID, *out_ids]], device=self.device)  # (1, T)
+        maps = self.model.attention_maps(src, tgt)
+        return {
+            "src_tokens": self.tokenizer.token_strings(src_ids[0]),
+            "tgt_tokens": self.tokenizer.token_strings(tgt[0].tolist()),
+            **{kind: maps[kind][:, 0].float().cpu() for kind in ("encoder", "decoder", "cross")},
+            "output": self.tokenizer.decode(out_ids),
+        }
 
     def evaluate(self, sources: Sequence[str], references: Sequence[str]) -> dict[str, float]:
         if len(sources) != len(references):
@@ -227,8 +248,16 @@ def train_translation(
         tokenizer = SubwordTokenizer.load(run_dir / TOKENIZER)
         model_config = ModelConfig.from_dict(ckpt.read_run_config(run_dir)["model"])
     else:
-        texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
-        tokenizer = SubwordTokenizer.train(texts, vocab_size)
+
+        def train_tokenizer() -> SubwordTokenizer:
+            texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
+            tokenizer = SubwordTokenizer.train(texts, vocab_size)
+            tokenizer.save(run_dir / TOKENIZER)
+            return tokenizer
+
+        tokenizer = main_process_first(
+            train_tokenizer, then=lambda: SubwordTokenizer.load(run_dir / TOKENIZER)
+        )
         model_config = dataclasses.replace(
             model_config,
             src_vocab_size=tokenizer.vocab_size,
@@ -236,8 +265,6 @@ def train_translation(
             pad_id=PAD_ID,
             max_len=max(model_config.max_len, 2 * max_len + 16),
         )
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(run_dir / TOKENIZER)
     train_pairs = prepare_pairs(train_pairs, tokenizer, max_len, "training data")
     valid_pairs = prepare_pairs(valid_pairs, tokenizer, max_len, "validation data")
     task = TranslationTask(tokenizer, train_pairs, valid_pairs, train_config)

@@ -1,0 +1,400 @@
+"""The ViT job: patches, image data, training on digits and on class folders, inference, CLI."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from qkv.cli import main
+from qkv.config import ModelConfig
+from qkv.errors import InputError
+from qkv.tasks.vision import (
+    Augmentation,
+    ImageClassifier,
+    VisionTask,
+    digits_labels,
+    digits_splits,
+    image_array,
+    read_image_folder,
+    shift_images,
+    stratified_split,
+    train_vit,
+    warp_images,
+)
+from qkv.training import TrainConfig
+from qkv.vision_model import ImageConfig, VisionTransformer, patchify, unpatchify, vit_model_config
+
+TINY = [
+    "--preset",
+    "tiny",
+    "--d-model",
+    "16",
+    "--n-heads",
+    "2",
+    "--d-ff",
+    "32",
+    "--n-encoder-layers",
+    "1",
+    "--no-progress",
+    "--precision",
+    "fp32",
+    "--log-every",
+    "1",
+]
+
+
+def tiny_model_config(**overrides):
+    values = dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, norm_first=True)
+    return ModelConfig.preset("tiny", **{**values, **overrides})
+
+
+def tiny_train_config(out, **overrides):
+    values = dict(
+        out=str(out),
+        max_steps=6,
+        eval_every=3,
+        log_every=1,
+        warmup_steps=2,
+        lr=3e-3,
+        progress=False,
+        precision="fp32",
+    )
+    return TrainConfig(**{**values, **overrides})
+
+
+def train_cli(*args):
+    return main(["train", "vit", *map(str, args), *TINY])
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vit") / "run"
+    assert train_cli("--out", out, "--max-steps", 6, "--eval-every", 3, "--warmup-steps", 2) == 0
+    return out
+
+
+def digit_png(folder, index):
+    """A digit of load_digits as an 8-bit PNG: ink 0..16 -> 0..255."""
+    from sklearn.datasets import load_digits
+
+    pixels = np.round(load_digits().images[index] * 255 / 16).astype(np.uint8)
+    path = folder / f"digit{index}.png"
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def write_class_folders(root, per_class=4, size=12):
+    """Three classes of tiny pictures: a bright top half, a bright left half, a dark square."""
+    for name in ("dark", "left", "top"):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.random.RandomState(i).randint(0, 40, (size, size, 3)).astype(np.uint8)
+            if name == "top":
+                pixels[: size // 2] = 220
+            elif name == "left":
+                pixels[:, : size // 2] = 220
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    return root
+
+
+# -- patches and the model --------------------------------------------------------------------
+
+
+def test_patches_are_cut_row_by_row_and_fold_back_into_the_image():
+    images = torch.randn(2, 3, 8, 8)
+    patches = patchify(images, 2)
+    assert patches.shape == (2, 16, 12)
+    for row in range(4):
+        for col in range(4):
+            expected = images[:, :, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2].flatten(1)
+            torch.testing.assert_close(patches[:, row * 4 + col], expected)
+    torch.testing.assert_close(unpatchify(patches, 8, 3, 2), images)
+    assert patchify(images, 2, stride=1).shape == (2, 49, 12)
+
+
+def test_image_config_checks_that_patches_tile_the_image():
+    assert ImageConfig(image_size=8, patch_size=2, patch_stride=1).grid == (7, 7)
+    with pytest.raises(ValueError, match="do not tile"):
+        ImageConfig(image_size=8, patch_size=3)
+    with pytest.raises(ValueError, match="larger than"):
+        ImageConfig(image_size=4, patch_size=8)
+
+
+def test_model_reads_cls_plus_patches_and_gives_class_logits():
+    image = ImageConfig(image_size=8, channels=3, patch_size=4, n_classes=5)
+    model = VisionTransformer(vit_model_config(tiny_model_config(), image), image).eval()
+    maps = model.attention_maps(torch.rand(3, 3, 8, 8))
+    assert maps["logits"].shape == (3, 5)
+    assert maps["encoder"].shape == (1, 3, 2, 5, 5)  # L, B, H, 1 + 4 patches twice
+    torch.testing.assert_close(maps["encoder"].sum(-1), torch.ones(1, 3, 2, 5))
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+def test_stratified_split_is_disjoint_complete_and_keeps_every_class():
+    labels = np.repeat(np.arange(4), [10, 5, 2, 1])
+    test, valid, train = stratified_split(labels, [0.2, 0.2], seed=3)
+    every = np.concatenate([test, valid, train])
+    assert sorted(every.tolist()) == list(range(len(labels)))
+    assert set(labels[train].tolist()) == {0, 1, 2, 3}
+    again = stratified_split(labels, [0.2, 0.2], seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(again, [test, valid, train], strict=True))
+
+
+def test_digit_splits_do_not_overlap():
+    splits = digits_splits(seed=0, valid_fraction=0.1, test_fraction=0.2)
+    sizes = {name: len(s) for name, s in splits.items()}
+    assert sum(sizes.values()) == 1797 and 340 <= sizes["test"] <= 380
+    flat = {name: {tuple(x.flatten().tolist()) for x in s.images} for name, s in splits.items()}
+    # a few digits of load_digits are exact duplicates of one another; nearly none may cross
+    assert len(flat["test"] & flat["train"]) <= 2
+    assert splits["train"].images.max() <= 1.0 and splits["train"].images.shape[1:] == (1, 8, 8)
+
+
+def test_shifts_move_whole_images_and_depend_only_on_the_seed():
+    images = torch.rand(16, 1, 8, 8)
+    shifted = shift_images(images, 1, torch.Generator().manual_seed(5))
+    torch.testing.assert_close(shift_images(images, 1, torch.Generator().manual_seed(5)), shifted)
+    torch.testing.assert_close(shift_images(images, 0, torch.Generator()), images)
+    for original, moved in zip(images, shifted, strict=True):
+        padded = torch.nn.functional.pad(original[None], (1, 1, 1, 1), mode="replicate")[0]
+        windows = [padded[:, dy : dy + 8, dx : dx + 8] for dy in range(3) for dx in range(3)]
+        assert any(torch.equal(moved, w) for w in windows)
+
+
+def test_warps_keep_the_image_at_zero_and_depend_only_on_the_seed():
+    images = torch.rand(4, 3, 8, 8)
+    torch.testing.assert_close(warp_images(images, 0.0, 0.0, torch.Generator()), images)
+    warped = warp_images(images, 15.0, 0.1, torch.Generator().manual_seed(2))
+    again = warp_images(images, 15.0, 0.1, torch.Generator().manual_seed(2))
+    torch.testing.assert_close(warped, again)
+    assert warped.shape == images.shape and not torch.allclose(warped, images)
+    # a constant image stays constant under any rotation and zoom (edges are repeated)
+    flat = torch.full((2, 1, 8, 8), 0.25)
+    torch.testing.assert_close(warp_images(flat, 30.0, 0.2, torch.Generator()), flat)
+
+
+def test_train_batches_are_fixed_per_seed_and_epoch():
+    splits = digits_splits()
+    task = VisionTask(splits["train"], splits["valid"], 10, 100, Augmentation(1, 10.0, 0.1), 0.1)
+    first, again = task.train_batches(2, 1), task.train_batches(2, 1)
+    other = task.train_batches(3, 1)
+    torch.testing.assert_close(first[0]["images"], again[0]["images"])
+    assert not torch.equal(first[0]["images"], other[0]["images"])
+    assert sum(len(b["labels"]) for b in first) == len(splits["train"])
+
+
+def test_image_array_converts_paths_pil_images_and_arrays(tmp_path):
+    image = ImageConfig(image_size=8, channels=1)
+    path = digit_png(tmp_path, 0)
+    from_file = image_array(path, image)
+    assert from_file.shape == (8, 8, 1) and 0 <= from_file.min() and from_file.max() <= 1
+    big = Image.open(path).convert("RGB").resize((32, 32))
+    assert image_array(big, image).shape == (8, 8, 1)
+    assert image_array(np.full((16, 16, 3), 255.0), image).min() == pytest.approx(1.0)
+    rgb = ImageConfig(image_size=4, channels=3, patch_size=2)
+    assert image_array(path, rgb).shape == (4, 4, 3)
+
+
+# -- training and using a run -----------------------------------------------------------------
+
+
+def test_cli_run_folder_holds_weights_labels_and_confusion(digits_run):
+    for name in ("model.safetensors", "labels.json", "config.json", "confusion.png"):
+        assert (digits_run / name).is_file(), name
+    config = json.loads((digits_run / "config.json").read_text())
+    assert config["task"] == "vit" and config["data"]["source"] == "digits"
+    assert config["image"]["patch_size"] == 2 and config["model"]["max_len"] == 17
+    summary = json.loads((digits_run / "summary.json").read_text())
+    assert summary["steps"] == 6 and 0 <= summary["test_accuracy"] <= 100
+    assert Image.open(digits_run / "confusion.png").format == "PNG"
+
+
+def test_classifier_predicts_files_pil_images_and_arrays_alike(digits_run, tmp_path):
+    from sklearn.datasets import load_digits
+
+    classifier = ImageClassifier.load(digits_run)
+    path = digit_png(tmp_path, 7)
+    raw = load_digits().images[7]  # 0..16, the scale of this run's training images
+    predictions = classifier.predict([path, Image.open(path), raw])
+    assert len({label for label, _ in predictions}) == 1
+    assert predictions[0][0] in digits_labels().names
+    probs = [p for _, p in predictions]
+    assert all(0 < p <= 1 for p in probs)
+    assert probs[0] == pytest.approx(probs[2], abs=0.02)
+    assert classifier.predict([]) == []
+
+
+def test_attention_maps_of_one_image(digits_run, tmp_path):
+    classifier = ImageClassifier.load(digits_run)
+    path = digit_png(tmp_path, 3)
+    maps = classifier.attention_maps(path)
+    assert maps["image"].shape == (8, 8) and maps["grid"] == (4, 4)
+    assert maps["encoder"].shape == (1, 2, 17, 17)
+    torch.testing.assert_close(maps["encoder"].sum(-1), torch.ones(1, 2, 17))
+    label, probability = maps["output"]
+    assert (label, pytest.approx(probability, abs=1e-5)) == classifier.predict([path])[0]
+
+
+def test_classify_image_prints_file_label_probability(digits_run, tmp_path, capsys):
+    files = [digit_png(tmp_path, i) for i in (0, 1, 2)]
+    assert main(["classify-image", "--model", str(digits_run), *map(str, files)]) == 0
+    lines = capsys.readouterr().out.strip().split("\n")
+    assert len(lines) == 3
+    for line, path in zip(lines, files, strict=True):
+        name, label, probability = line.split("\t")
+        assert name == str(path) and label in digits_labels().names
+        assert 0 < float(probability) <= 1
+
+
+def test_evaluate_scores_the_held_out_test_split_and_draws_confusion(digits_run, capsys):
+    (digits_run / "confusion.png").unlink()
+    assert main(["evaluate", "--model", str(digits_run), "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["images"] == len(digits_splits()["test"])
+    assert 0 <= scores["macro_f1"] <= 100 and 0 <= scores["accuracy"] <= 100
+    assert (digits_run / "confusion.png").is_file()
+    summary = json.loads((digits_run / "summary.json").read_text())
+    assert scores["accuracy"] == pytest.approx(summary["test_accuracy"])
+
+
+def test_train_vit_from_python(tmp_path):
+    splits = digits_splits()
+    small = {name: s.subset(np.arange(0, len(s), 4)) for name, s in splits.items()}
+    image = ImageConfig(image_size=8, patch_size=4)
+    summary = train_vit(
+        small["train"],
+        small["valid"],
+        digits_labels(),
+        tiny_model_config(),
+        image,
+        tiny_train_config(tmp_path / "run", max_steps=4, eval_every=2),
+        {
+            "source": "digits",
+            "split_seed": 0,
+            "valid_fraction": 0.1,
+            "test_fraction": 0.2,
+            "pixel_max": 16.0,
+        },
+        test=small["test"],
+        batch_size=32,
+    )
+    assert summary["steps"] == 4 and summary["test_images"] == len(small["test"])
+    classifier = ImageClassifier.load(tmp_path / "run")
+    assert classifier.image.grid == (2, 2)
+    scores = classifier.evaluate(small["test"])
+    assert scores["accuracy"] == pytest.approx(summary["test_accuracy"])
+
+
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
+    from safetensors.torch import load_file
+
+    settings = ["--patch-size", 4, "--max-steps", 4, "--eval-every", 2]
+    assert (
+        train_cli("--out", tmp_path / "whole", *settings[:2], "--max-steps", 8, *settings[4:]) == 0
+    )
+    assert train_cli("--out", tmp_path / "split", *settings) == 0
+    # the run's own settings (patch size 4) are used on resume, not the option defaults
+    resumed = ["--out", tmp_path / "split", "--max-steps", 8, "--eval-every", 2, "--resume"]
+    assert train_cli(*resumed) == 0
+    summary = json.loads((tmp_path / "split" / "summary.json").read_text())
+    assert summary["steps"] == 8
+    with open(tmp_path / "split" / "metrics.csv", newline="") as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f)]
+    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 8
+    whole = load_file(tmp_path / "whole" / "last.safetensors")
+    split = load_file(tmp_path / "split" / "last.safetensors")
+    for name, tensor in whole.items():
+        torch.testing.assert_close(split[name], tensor, msg=name)
+
+
+# -- class folders and bad input --------------------------------------------------------------
+
+
+def test_class_folders_train_and_evaluate(tmp_path, capsys):
+    data = write_class_folders(tmp_path / "data", per_class=5)
+    out = tmp_path / "run"
+    assert (
+        train_cli(
+            "--out",
+            out,
+            "--data",
+            data,
+            "--image-size",
+            8,
+            "--patch-size",
+            4,
+            "--color",
+            "rgb",
+            "--valid-fraction",
+            0.2,
+            "--max-steps",
+            4,
+            "--eval-every",
+            2,
+            "--batch-size",
+            4,
+        )
+        == 0
+    )
+    assert json.loads((out / "labels.json").read_text())["labels"] == ["dark", "left", "top"]
+    assert json.loads((out / "config.json").read_text())["image"]["channels"] == 3
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out), "--data", str(data), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 15
+    assert main(["evaluate", "--model", str(out)]) == 2
+    assert "--data FOLDER" in capsys.readouterr().err
+
+
+def test_read_image_folder_reuses_a_runs_labels(tmp_path):
+    data = write_class_folders(tmp_path / "data", per_class=2)
+    image = ImageConfig(image_size=4, channels=1, patch_size=2)
+    dataset, labels = read_image_folder(data, image)
+    assert dataset.images.shape == (6, 1, 4, 4) and dataset.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    (data / "new").mkdir()
+    Image.new("L", (4, 4)).save(data / "new" / "a.png")
+    with pytest.raises(InputError, match="never seen"):
+        read_image_folder(data, image, labels)
+
+
+def one_line_error(capsys, code):
+    assert code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().split("\n")
+    assert len(lines) == 1 and lines[0].startswith("qkv: error:"), captured.err
+    return lines[0]
+
+
+def test_empty_class_folder_is_one_clear_error(tmp_path, capsys):
+    data = write_class_folders(tmp_path / "data", per_class=2)
+    (data / "zebra").mkdir()
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--data", data))
+    assert str(data / "zebra") in line and "empty class folder" in line
+
+
+def test_unreadable_image_is_one_clear_error(tmp_path, capsys):
+    data = write_class_folders(tmp_path / "data", per_class=2)
+    (data / "top" / "broken.png").write_bytes(b"this is not a picture")
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--data", data))
+    assert str(data / "top" / "broken.png") in line
+
+
+def test_folder_without_class_folders_is_one_clear_error(tmp_path, capsys):
+    (tmp_path / "flat").mkdir()
+    Image.new("L", (4, 4)).save(tmp_path / "flat" / "a.png")
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--data", tmp_path / "flat"))
+    assert str(tmp_path / "flat") in line and "no class folders" in line
+
+
+def test_bad_sizes_and_files_are_one_clear_error(tmp_path, capsys, digits_run):
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--patch-size", 3))
+    assert "patch" in line
+    missing = tmp_path / "missing.png"
+    line = one_line_error(
+        capsys, main(["classify-image", "--model", str(digits_run), str(missing)])
+    )
+    assert str(missing) in line
