@@ -19,6 +19,7 @@ from qkv.training import TrainConfig
 TRAIN_HELP = {
     "max_steps": "stop after this many optimizer steps",
     "max_time": "stop after this many seconds of training (validation included)",
+    "clock": "what --max-time counts: wall-clock time, or CPU time per thread (a shared machine)",
     "max_epochs": "stop after this many passes over the training data",
     "lr": "peak learning rate, reached at the end of warmup",
     "warmup_steps": "steps of linear warmup before the inverse-square-root decay",
@@ -51,7 +52,8 @@ def add_train_options(parser: argparse.ArgumentParser, **defaults: object) -> No
         kind = {"max_time": float, "patience": int, "max_epochs": int}.get(
             field.name, type(field.default)
         )
-        extra = {"choices": ("auto", "bf16", "fp32")} if field.name == "precision" else {}
+        choices = {"precision": ("auto", "bf16", "fp32"), "clock": ("wall", "cpu")}
+        extra = {"choices": choices[field.name]} if field.name in choices else {}
         group.add_argument(
             f"--{field.name.replace('_', '-')}",
             type=kind,

@@ -63,11 +63,16 @@ def run_demo(out: Path, max_time: float = 150.0, seed: int = 1, progress: bool =
         print(f"  {src}\n    -> {hyp}   [{mark}]")
     summary.update({f"test_{k}": round(v, 2) for k, v in scores.items()})
     summary.update(test_sentences=len(test_src), wall_seconds=round(time.monotonic() - started, 1))
+    pictures = write_demo_pictures(out, test_src[0])
+    summary["attention_pictures"] = [str(p) for p in pictures]
     ckpt.write_json(out / "summary.json", summary)
     print(
         f"\nexact match {scores['exact_match']:.1f}%, BLEU {scores['bleu']:.1f} on "
         f"{len(test_src)} held-out sentences; run folder {out} (summary.json)"
     )
+    print(f"attention of {test_src[0]!r}, layer by layer (open the .html in a browser):")
+    for path in pictures:
+        print(f"  {path}")
     return summary
 
 

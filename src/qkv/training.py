@@ -12,7 +12,6 @@ import csv
 import dataclasses
 import io
 import math
-import os
 import random
 import time
 from contextlib import nullcontext
@@ -26,6 +25,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from qkv import checkpoint as ckpt
+from qkv.distributed import broadcast_flag, setup_distributed
 from qkv.errors import InputError
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -38,6 +38,9 @@ class TrainConfig:
     out: str = "runs/run"
     max_steps: int = 20000
     max_time: float | None = None  # seconds, validation included; stops cleanly with a checkpoint
+    # "wall": max_time is wall-clock time. "cpu": the process's CPU time divided by its threads,
+    # i.e. the time it had the whole machine, so a budget holds on a machine others share.
+    clock: str = "wall"
     max_epochs: int | None = None
     lr: float = 7e-4  # peak learning rate, reached at the end of warmup
     warmup_steps: int = 4000
@@ -69,6 +72,7 @@ class TrainConfig:
             "eval_every": self.eval_every >= 1,
             "log_every": self.log_every >= 1,
             "precision": self.precision in PRECISIONS,
+            "clock": self.clock in ("wall", "cpu"),
             "average_last": self.average_last >= 0,
         }
         bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
@@ -132,35 +136,6 @@ def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Ad
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps)
-
-
-def setup_distributed() -> tuple[int, int, torch.device]:
-    """(rank, world_size, device); starts the process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    return rank, world, device
-
-
-def main_process_first(work, then=None):
-    """Run ``work()`` on rank 0 while the other ranks wait, then ``then()`` (or ``work``) on them.
-
-    For what must be made once and read by all, such as a tokenizer trained on the data.
-    """
-    rank, world, _ = setup_distributed()
-    if world == 1 or rank == 0:
-        result = work()
-    if world > 1:
-        dist.barrier()
-        if rank != 0:
-            result = (then or work)()
-    return result
 
 
 def rng_state() -> dict[str, Any]:
@@ -275,7 +250,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until max_steps, max_time, max_epochs or early stopping; return the summary."""
         config = self.config
-        self.start = time.monotonic()
+        self.start = self._clock()
+        wall_start = time.monotonic()
         bar = tqdm(
             total=config.max_steps,
             initial=self.step,
@@ -308,10 +284,17 @@ class Trainer:
                 reason = "max_time"
                 break
         bar.close()
+        self.wall_seconds = time.monotonic() - wall_start
         return self._finish(reason)
 
     def elapsed(self) -> float:
-        return self.elapsed_before + time.monotonic() - self.start
+        """Seconds of training so far, on ``config.clock``, earlier runs of a resume included."""
+        return self.elapsed_before + self._clock() - self.start
+
+    def _clock(self) -> float:
+        if self.config.clock == "cpu":
+            return time.process_time() / torch.get_num_threads()
+        return time.monotonic()
 
     def _epoch_batches(self) -> list[Any]:
         if getattr(self, "_batches_epoch", None) != self.epoch:
@@ -385,7 +368,7 @@ class Trainer:
             self._save_resume_state()
             patience = self.config.patience
             stop = patience is not None and self.bad_evals >= patience
-        return _agree(stop, self.world, self.device)
+        return broadcast_flag(stop, self.world, self.device)
 
     def _validate(self) -> dict[str, float]:
         self.model.eval()
@@ -474,6 +457,8 @@ class Trainer:
             "steps": self.step,
             "epochs": self.epoch,
             "stopped_by": reason,
+            "clock": self.config.clock,
+            "wall_seconds": round(self.wall_seconds, 1),
             "world_size": self.world,
             "train_seconds": round(self.elapsed(), 1),
             "tokens_per_second": round(self.tokens_seen / max(self.elapsed(), 1e-9), 1),
@@ -490,15 +475,6 @@ class Trainer:
             ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS)
             return True
         return False
-
-
-def _agree(flag: bool, world: int, device: torch.device) -> bool:
-    """Rank 0's decision, shared with every rank."""
-    if world == 1:
-        return flag
-    tensor = torch.tensor([int(flag)], device=device)
-    dist.broadcast(tensor, src=0)
-    return bool(tensor.item())
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -13,7 +13,7 @@ EVALUATORS: dict[str, Callable[[argparse.Namespace], dict]] = {}
 
 
 def register_all(commands: argparse._SubParsersAction) -> None:
-    from qkv.commands import classification, tagging, translation, vision
+    from qkv.commands import attention, classification, tagging, translation, vision
 
     train = commands.add_parser(
         "train",
@@ -21,7 +21,7 @@ def register_all(commands: argparse._SubParsersAction) -> None:
         description="Train a model into a run folder.",
     )
     jobs = train.add_subparsers(dest="job", metavar="JOB", required=True)
-    for job in (translation, tagging, classification, vision):
+    for job in (translation, tagging, classification, vision, attention):
         job.register(commands, jobs)
     evaluate = commands.add_parser(
         "evaluate",

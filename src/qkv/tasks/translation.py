@@ -29,9 +29,10 @@ from qkv.data import (
     token_batches,
 )
 from qkv.decoding import translate_ids
+from qkv.distributed import main_process_first
 from qkv.errors import InputError
 from qkv.model import Transformer
-from qkv.training import TrainConfig, Trainer, main_process_first
+from qkv.training import TrainConfig, Trainer
 
 TOKENIZER = "tokenizer.json"
 
