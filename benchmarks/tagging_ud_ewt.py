@@ -50,6 +50,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="folder with en_ewt-ud-*.conllu")
     parser.add_argument("--minutes", type=float, default=20.0, help="training budget")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: count the budget in CPU time per thread (a shared machine)",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/ud_ewt"), help="run folder")
     parser.add_argument("--tagset", default="upos", choices=("upos", "xpos"))
     parser.add_argument("--preset", default="small")
@@ -78,6 +84,7 @@ def main() -> None:
         out=str(args.out),
         max_steps=1_000_000,
         max_time=args.minutes * 60,
+        clock=args.clock,
         lr=args.lr,
         warmup_steps=args.warmup,
         max_tokens=args.max_tokens,

@@ -10,15 +10,14 @@ import torch
 from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.errors import InputError
+from qkv.labeled_text import LabeledTexts, read_labeled
 from qkv.tasks.classification import (
     Classifier,
     ClassifierOptions,
-    LabeledTexts,
     MaskedLanguageModel,
     SequenceClassifier,
     mask_tokens,
     pool,
-    read_labeled,
     train_classifier,
 )
 

@@ -23,9 +23,23 @@ def qkv(*args, stdin=None):
 
 @pytest.mark.parametrize(
     "command",
-    [[], ["train"], ["train", "translation"], ["translate"], ["evaluate"], ["demo"],
-     ["attention"], ["explain"], ["plot"], ["train", "tagger"], ["train", "classifier"],
-     ["train", "vit"], ["tag"], ["classify"], ["classify-image"]],
+    [
+        [],
+        ["train"],
+        ["train", "translation"],
+        ["translate"],
+        ["evaluate"],
+        ["demo"],
+        ["attention"],
+        ["explain"],
+        ["plot"],
+        ["train", "tagger"],
+        ["train", "classifier"],
+        ["train", "vit"],
+        ["tag"],
+        ["classify"],
+        ["classify-image"],
+    ],
 )
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as done:

@@ -13,13 +13,12 @@ from qkv.errors import InputError
 from qkv.tasks.tagging import (
     IGNORE,
     MAX_WORD_SUBWORDS,
-    TaggedSentence,
     Tagger,
     WordEncoder,
     align_first_subwords,
-    read_conllu,
     train_tagger,
 )
+from qkv.treebank import TaggedSentence, read_conllu
 
 from .helpers import tiny_train_config
 

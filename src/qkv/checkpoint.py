@@ -32,6 +32,8 @@ WEIGHTS = "model.safetensors"
 LAST_WEIGHTS = "last.safetensors"
 STATE = "state.pt"
 METRICS = "metrics.csv"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -40,6 +42,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide run files from other users
     try:
         write(Path(tmp))
         with open(tmp, "rb+") as f:

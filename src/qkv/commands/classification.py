@@ -112,10 +112,9 @@ def register(commands: argparse._SubParsersAction, jobs: argparse._SubParsersAct
 
 
 def run_train(args: argparse.Namespace) -> None:
+    from qkv.labeled_text import read_labeled, read_texts
     from qkv.tasks.classification import (
         ClassifierOptions,
-        read_labeled,
-        read_texts,
         train_classifier,
     )
 
@@ -184,7 +183,8 @@ def run_classify(args: argparse.Namespace) -> None:
 def evaluate_classifier(args: argparse.Namespace) -> dict:
     """Accuracy and macro-F1 on --data (default: the run's validation file)."""
     from qkv import checkpoint as ckpt
-    from qkv.tasks.classification import CONFUSION, Classifier, read_labeled
+    from qkv.labeled_text import read_labeled
+    from qkv.tasks.classification import CONFUSION, Classifier
 
     data = args.data
     if data is None:

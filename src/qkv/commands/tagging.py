@@ -98,10 +98,11 @@ def run_train(args: argparse.Namespace) -> None:
         token_dropout=args.token_dropout,
         resume=args.resume,
     )
-    print(
-        f"validation accuracy {summary['valid_accuracy']:.2f}%, macro-F1 "
-        f"{summary['valid_macro_f1']:.2f}%; run folder {args.out}"
-    )
+    if "valid_accuracy" in summary:  # rank 0 only, under torchrun
+        print(
+            f"validation accuracy {summary['valid_accuracy']:.2f}%, macro-F1 "
+            f"{summary['valid_macro_f1']:.2f}%; run folder {args.out}"
+        )
 
 
 def conllu_block(number: int, text: str, tagged: list[tuple[str, str]], tagset: str) -> str:
@@ -132,7 +133,8 @@ def run_tag(args: argparse.Namespace) -> None:
 def evaluate_tagger(args: argparse.Namespace) -> dict:
     """Accuracy and macro-F1 on --data (default: the run's validation file), confusion.png."""
     from qkv import checkpoint as ckpt
-    from qkv.tasks.tagging import CONFUSION, Tagger, read_conllu
+    from qkv.tasks.tagging import CONFUSION, Tagger
+    from qkv.treebank import read_conllu
 
     data = args.data
     if data is None:

@@ -15,9 +15,8 @@ H heads, N texts.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,10 +35,10 @@ from qkv.data import (
     UNK_ID,
     SubwordTokenizer,
     pad_batch,
-    read_lines,
     token_batches,
 )
-from qkv.errors import InputError, where
+from qkv.errors import InputError
+from qkv.labeled_text import LabeledTexts
 from qkv.labels import LABELS, LabelVocab
 from qkv.metrics import confusion, label_scores, plot_confusion
 from qkv.model import EncoderModel
@@ -48,120 +47,10 @@ from qkv.training import TrainConfig, Trainer
 TOKENIZER = "tokenizer.json"
 CONFUSION = "confusion.png"
 PRETRAIN_DIR = "pretrain"
-FORMATS = ("auto", "tsv", "csv", "sst2")
 POOLINGS = ("cls", "mean")
 CLS_NAME = "[CLS]"  # how the <s> id reads in attention pictures
 # A first row whose two fields are such names is a header, in either order.
-LABEL_HEADERS = {"label", "labels", "class", "category", "sentiment", "target", "y"}
-TEXT_HEADERS = {"text", "sentence", "sentences", "review", "document", "content", "comment", "x"}
 FIRST_WORD_ID = len(SPECIAL_TOKENS)  # ids below are <pad>, <s>, </s>, <unk>
-
-
-# ---------------------------------------------------------------- reading labeled text
-
-
-@dataclass
-class LabeledTexts:
-    """Texts with one label each, and the line each came from (for error messages)."""
-
-    texts: list[str]
-    labels: list[str]
-    lines: list[int]
-    source: str = "<python>"
-
-    @classmethod
-    def from_pairs(cls, pairs: Iterable[tuple[str, str]], source: str = "<python>") -> LabeledTexts:
-        """``(label, text)`` pairs; the i-th pair counts as line i (from 1)."""
-        pairs = list(pairs)
-        return cls(
-            [t for _, t in pairs], [lab for lab, _ in pairs], list(range(1, len(pairs) + 1)), source
-        )
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def where(self, i: int) -> str:
-        return where(self.source, self.lines[i])
-
-
-def detect_format(path: Path, first_line: str) -> str:
-    """``tsv`` or ``csv`` by the file's suffix, else by its first line; otherwise ``sst2``."""
-    suffix = path.suffix.lower()
-    if suffix in (".tsv", ".csv"):
-        return suffix[1:]
-    if "\t" in first_line:
-        return "tsv"
-    # SST-2 lines start with a bare label ("1 a stirring ..."); a comma inside the first
-    # word ("label,text", "1,great") means comma-separated values.
-    return "csv" if "," in first_line.split(" ", 1)[0] else "sst2"
-
-
-def _fields(line: str, fmt: str) -> list[str]:
-    if fmt == "tsv":
-        return line.split("\t", 1)
-    if fmt == "sst2":
-        return line.split(" ", 1)
-    row = next(csv.reader([line], strict=True))
-    return [row[0], ",".join(row[1:])] if len(row) > 1 else row
-
-
-FORMAT_SHAPES = {"tsv": "label<TAB>text", "csv": "label,text", "sst2": "label text"}
-
-
-def read_labeled(path: str | Path, fmt: str = "auto") -> LabeledTexts:
-    """Read one labeled text a line: ``label<TAB>text``, ``label,text`` or SST-2's ``label text``.
-
-    A first row of column names (``label<TAB>text``, ``sentence,label``, ...) is a header and
-    sets the column order. Blank lines are skipped.
-
-    Args:
-        path: the file (UTF-8).
-        fmt: one of ``auto``, ``tsv``, ``csv``, ``sst2``; ``auto`` looks at the suffix and the
-            first line.
-
-    Returns:
-        The texts, labels and line numbers, in file order.
-    """
-    if fmt not in FORMATS:
-        raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
-    path = Path(path)
-    lines = read_lines(path)
-    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
-    if not numbered:
-        raise InputError(f"{where(path)}: has only blank lines; give one labeled text a line.")
-    fmt = detect_format(path, numbered[0][1]) if fmt == "auto" else fmt
-    data = LabeledTexts([], [], [], str(path))
-    label_first = True
-    for index, (number, line) in enumerate(numbered):
-        try:
-            fields = [f.strip() for f in _fields(line, fmt)]
-        except csv.Error as error:
-            raise InputError(f"{where(path, number)}: not valid CSV ({error}).") from None
-        if index == 0 and len(fields) == 2 and _is_header(fields):
-            label_first = fields[0].lower() in LABEL_HEADERS
-            continue
-        if len(fields) != 2 or not fields[0] or not fields[1]:
-            raise InputError(
-                f"{where(path, number)}: expected {FORMAT_SHAPES[fmt]} (read as {fmt}) but got "
-                f"{line[:60]!r}; give a label and a text on each line, or pass --format."
-            )
-        label, text = fields if label_first else fields[::-1]
-        data.texts.append(text)
-        data.labels.append(label)
-        data.lines.append(number)
-    if not data.texts:
-        raise InputError(f"{where(path)}: has a header but no labeled text.")
-    return data
-
-
-def _is_header(fields: list[str]) -> bool:
-    a, b = (f.lower() for f in fields)
-    return (a in LABEL_HEADERS and b in TEXT_HEADERS) or (a in TEXT_HEADERS and b in LABEL_HEADERS)
-
-
-def read_texts(path: str | Path) -> list[str]:
-    """Unlabeled text, one a line, blank lines dropped (for the tokenizer and pretraining)."""
-    return [line for line in read_lines(path) if line.strip()]
 
 
 # ---------------------------------------------------------------- models
@@ -463,6 +352,9 @@ class ClassifierOptions:
     # Chance that a word token is replaced by <unk> while training (regularisation).
     word_dropout: float = 0.0
     mask_prob: float = 0.15  # share of word tokens the masked language model predicts
+    # Dropout while pretraining: unlabeled text is plentiful next to the labeled data, so the
+    # language model needs less of it than the classifier.
+    pretrain_dropout: float = 0.1
 
 
 def _new_run(
@@ -509,17 +401,20 @@ def _start_encoder(
     valid_ids: list[list[int]],
     pretrain_config: TrainConfig | None,
     pretrained: Path | None,
-    mask_prob: float,
+    options: ClassifierOptions,
 ) -> dict[str, Any] | None:
     """Pretrain the encoder on ``texts``, or copy an earlier run's; return a pretraining summary."""
-    language_model = MaskedLanguageModel(model.config)
+    language_model = MaskedLanguageModel(
+        dataclasses.replace(model.config, dropout=options.pretrain_dropout)
+    )
     summary = None
     if pretrained is not None:
         ckpt.load_weights(language_model, pretrained / PRETRAIN_DIR / ckpt.WEIGHTS)
     elif pretrain_config is not None:
         config = dataclasses.replace(pretrain_config, out=str(run_dir / PRETRAIN_DIR))
-        task = MaskedLMTask(texts, valid_ids, model.config.src_vocab_size - 1, config, mask_prob)
-        run_config = {"task": "masked_lm", "model": model.config.to_dict()}
+        mask_id = model.config.src_vocab_size - 1
+        task = MaskedLMTask(texts, valid_ids, mask_id, config, options.mask_prob)
+        run_config = {"task": "masked_lm", "model": language_model.config.to_dict()}
         summary = Trainer(task, language_model, config, run_config).fit()
     else:
         return None
@@ -594,7 +489,7 @@ def train_classifier(
             valid_ids,
             pretrain_config,
             pretrained,
-            options.mask_prob,
+            options,
         )
     task = ClassificationTask(
         (train_ids, [labels.id(label, train.where(i)) for i, label in enumerate(train.labels)]),

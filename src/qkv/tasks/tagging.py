@@ -14,13 +14,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import conllu
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -29,93 +27,21 @@ from torch import Tensor, nn
 from qkv import checkpoint as ckpt
 from qkv.attention import padding_mask
 from qkv.config import ModelConfig
-from qkv.data import PAD_ID, UNK_ID, SubwordTokenizer, read_lines, token_batches
-from qkv.errors import InputError, where
+from qkv.data import PAD_ID, UNK_ID, SubwordTokenizer, token_batches
+from qkv.distributed import main_process_first
+from qkv.errors import InputError
 from qkv.labels import LABELS, LabelVocab
 from qkv.metrics import confusion, label_scores, plot_confusion
 from qkv.model import EncoderModel
 from qkv.training import TrainConfig, Trainer
+from qkv.treebank import TaggedSentence, read_conllu
 
 TASK = "tagger"
 TOKENIZER, CHARS, CONFUSION = "tokenizer.json", "chars.json", "confusion.png"
-TAGSETS = {"upos": 3, "xpos": 4}  # column index (0-based) of the tag in a CoNLL-U token line
 IGNORE = -100  # target of subwords that are not a word's first: cross_entropy skips them
 CHAR_PAD, CHAR_UNK, WORD_START, WORD_END = 0, 1, 2, 3
 MAX_WORD_CHARS = 24  # longer words keep their first 10 and last 14 characters
 MAX_WORD_SUBWORDS = 16  # only the first subword is labelled; the rest add context
-_TOKEN_ID = re.compile(r"\d+|\d+-\d+|\d+\.\d+")
-
-
-# ---------------------------------------------------------------- CoNLL-U
-
-
-@dataclasses.dataclass
-class TaggedSentence:
-    """Words of one sentence with their gold tags and the file lines they came from."""
-
-    words: list[str]
-    tags: list[str]
-    lines: list[int]
-
-
-def read_conllu(path: str | Path, tagset: str = "upos") -> list[TaggedSentence]:
-    """Read the words (plain integer ids) and their UPOS or XPOS tags from a CoNLL-U file.
-
-    Multiword-token ranges (``1-2``) and empty nodes (``1.1``) are skipped. The lines are
-    checked here, since the ``conllu`` library accepts some malformed ones.
-
-    Args:
-        path: the CoNLL-U file (UTF-8).
-        tagset: ``"upos"`` (column 4) or ``"xpos"`` (column 5).
-    """
-    if tagset not in TAGSETS:
-        raise InputError(f"tagset {tagset!r} is not one of {sorted(TAGSETS)}")
-    column = TAGSETS[tagset]
-    sentences: list[TaggedSentence] = []
-    block: list[str] = []
-    numbers: list[int] = []
-    for number, line in enumerate([*read_lines(path), ""], start=1):
-        if line.strip():
-            if not line.startswith("#"):
-                _check_token_line(line, path, number, column, tagset)
-                numbers.append(number)
-            block.append(line)
-            continue
-        if numbers:
-            tokens = conllu.parse("\n".join(block) + "\n\n")[0]
-            sentence = TaggedSentence([], [], [])
-            for token, line_number in zip(tokens, numbers, strict=True):
-                if isinstance(token["id"], int):
-                    sentence.words.append(token["form"])
-                    sentence.tags.append(token[tagset])
-                    sentence.lines.append(line_number)
-            sentences.append(sentence)
-        block, numbers = [], []
-    if not sentences:
-        raise InputError(f"{where(path)}: holds no CoNLL-U token lines; is it a CoNLL-U file?")
-    return sentences
-
-
-def _check_token_line(line: str, path: str | Path, number: int, column: int, tagset: str) -> None:
-    fields = line.split("\t")
-    if len(fields) != 10:
-        raise InputError(
-            f"{where(path, number)}: a CoNLL-U token line needs 10 tab-separated columns but "
-            f"this one has {len(fields)}; separate the columns with single tabs."
-        )
-    if not _TOKEN_ID.fullmatch(fields[0]):
-        raise InputError(
-            f"{where(path, number)}: token id {fields[0]!r} is not a number, a range like 1-2 "
-            "or an empty node like 1.1."
-        )
-    if "-" not in fields[0] and "." not in fields[0]:
-        if not fields[1].strip():
-            raise InputError(f"{where(path, number)}: the word form (column 2) is empty.")
-        if fields[column] in ("", "_"):
-            raise InputError(
-                f"{where(path, number)}: word {fields[1]!r} has no {tagset.upper()} tag "
-                f"(column {column + 1} is {fields[column]!r}); tag it or choose the other --tagset."
-            )
 
 
 # ---------------------------------------------------------------- words -> model inputs
@@ -456,21 +382,29 @@ def train_tagger(
             config["tagging"][k] for k in ("tagset", "char_dim", "token_dropout")
         )
     train, valid = read_conllu(train_path, tagset), read_conllu(valid_path, tagset)
-    if resume:
-        encoder, labels = WordEncoder.load(run_dir), LabelVocab.load(run_dir / LABELS)
-    else:
+
+    def load_inputs() -> tuple[WordEncoder, LabelVocab]:
+        return WordEncoder.load(run_dir), LabelVocab.load(run_dir / LABELS)
+
+    def make_inputs() -> tuple[WordEncoder, LabelVocab]:
         encoder = WordEncoder.train([s.words for s in train], vocab_size)
         # Validation tags too, so that a tag missing from training cannot stop a run.
         labels = LabelVocab.from_data(t for s in [*train, *valid] for t in s.tags)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        encoder.save(run_dir)
+        labels.save(run_dir / LABELS)
+        return encoder, labels
+
+    if resume:
+        encoder, labels = load_inputs()
+    else:  # made once, on rank 0, and read by the other ranks under torchrun
+        encoder, labels = main_process_first(make_inputs, then=load_inputs)
         model_config = dataclasses.replace(
             model_config,
             src_vocab_size=encoder.tokenizer.vocab_size,
             tgt_vocab_size=encoder.tokenizer.vocab_size,
             pad_id=PAD_ID,
         )
-        run_dir.mkdir(parents=True, exist_ok=True)
-        encoder.save(run_dir)
-        labels.save(run_dir / LABELS)
     task = TaggingTask(encoder, labels, train, valid, train_config, model_config.max_len)
     model = TaggerModel(model_config, len(labels), encoder.n_chars, char_dim, token_dropout)
     settings = {

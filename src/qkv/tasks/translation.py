@@ -269,6 +269,7 @@ def train_translation(
     train_pairs = prepare_pairs(train_pairs, tokenizer, max_len, "training data")
     valid_pairs = prepare_pairs(valid_pairs, tokenizer, max_len, "validation data")
     task = TranslationTask(tokenizer, train_pairs, valid_pairs, train_config)
+    torch.manual_seed(train_config.seed)  # --seed decides the initial weights too
     model = Transformer(model_config)
     trainer = Trainer(
         task,
