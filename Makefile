@@ -24,9 +24,10 @@ browser:
 	   chromium chromium-driver >/dev/null) || \
 	  echo "no Chromium: the browser tests will be skipped"; }
 
+# One thread per test worker: two workers of two threads each would fight over two cores.
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q -n 2 tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
