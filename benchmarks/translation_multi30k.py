@@ -1,6 +1,9 @@
-"""Multi30k German->English: train a qkv translator for a fixed wall-clock budget, report BLEU.
+"""Multi30k German->English: train a qkv translator for a fixed time budget, report BLEU.
 
-    .venv/bin/python benchmarks/translation_multi30k.py --minutes 40
+    .venv/bin/python benchmarks/translation_multi30k.py --minutes 40 [--clock cpu]
+
+The budget is wall-clock time, or with --clock cpu the process's CPU time per thread (the
+time it had the whole machine, which holds when others share it).
 
 Writes benchmarks/results/translation_multi30k.json: sacreBLEU (cased, detokenized, 13a) on
 test2016 and val with the beam size and length penalty, greedy too, training wall time and

@@ -51,3 +51,25 @@ def tiny_train_config(out: Path, **overrides) -> TrainConfig:
         precision="fp32",
     )
     return TrainConfig(**{**values, **overrides})
+
+
+def train_translation_args(paths: dict[str, Path], out: Path, *options: object) -> list[str]:
+    """`qkv train translation` on the files of ``write_splits``, then ``options``."""
+    return [
+        "train",
+        "translation",
+        "--train-src",
+        str(paths["train_src"]),
+        "--train-tgt",
+        str(paths["train_tgt"]),
+        "--valid-src",
+        str(paths["valid_src"]),
+        "--valid-tgt",
+        str(paths["valid_tgt"]),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--precision",
+        "fp32",
+        *map(str, options),
+    ]

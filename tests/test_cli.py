@@ -8,7 +8,7 @@ import pytest
 
 from qkv.cli import main
 
-from .helpers import write_splits
+from .helpers import train_translation_args, write_splits
 
 
 def qkv(*args, stdin=None):
@@ -67,33 +67,22 @@ def trained(tmp_path_factory):
     paths = write_splits(folder, n_train=200)
     out = folder / "run"
     done = qkv(
-        "train",
-        "translation",
-        "--train-src",
-        paths["train_src"],
-        "--train-tgt",
-        paths["train_tgt"],
-        "--valid-src",
-        paths["valid_src"],
-        "--valid-tgt",
-        paths["valid_tgt"],
-        "--out",
-        out,
-        "--preset",
-        "tiny",
-        "--vocab-size",
-        200,
-        "--max-steps",
-        8,
-        "--eval-every",
-        4,
-        "--log-every",
-        2,
-        "--max-tokens",
-        500,
-        "--no-progress",
-        "--precision",
-        "fp32",
+        *train_translation_args(
+            paths,
+            out,
+            "--preset",
+            "tiny",
+            "--vocab-size",
+            200,
+            "--max-steps",
+            8,
+            "--eval-every",
+            4,
+            "--log-every",
+            2,
+            "--max-tokens",
+            500,
+        )
     )
     assert done.returncode == 0, done.stderr
     return out, paths, done
@@ -137,28 +126,9 @@ def test_evaluate_prints_json(trained):
 def test_resume_from_the_command_line(trained, tmp_path):
     out, paths, _ = trained
     done = qkv(
-        "train",
-        "translation",
-        "--train-src",
-        paths["train_src"],
-        "--train-tgt",
-        paths["train_tgt"],
-        "--valid-src",
-        paths["valid_src"],
-        "--valid-tgt",
-        paths["valid_tgt"],
-        "--out",
-        out,
-        "--max-steps",
-        10,
-        "--eval-every",
-        4,
-        "--max-tokens",
-        500,
-        "--no-progress",
-        "--resume",
-        "--precision",
-        "fp32",
+        *train_translation_args(
+            paths, out, "--max-steps", 10, "--eval-every", 4, "--max-tokens", 500, "--resume"
+        )
     )
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "summary.json").read_text())["steps"] == 10

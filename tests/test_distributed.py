@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import write_splits
+from .helpers import train_translation_args, write_splits
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="torchrun's gloo backend needs a POSIX host")
@@ -26,31 +26,20 @@ def test_translation_trains_on_two_processes(tmp_path):
             "2",
             "-m",
             "qkv",
-            "train",
-            "translation",
-            "--train-src",
-            paths["train_src"],
-            "--train-tgt",
-            paths["train_tgt"],
-            "--valid-src",
-            paths["valid_src"],
-            "--valid-tgt",
-            paths["valid_tgt"],
-            "--out",
-            out,
-            "--preset",
-            "tiny",
-            "--vocab-size",
-            "200",
-            "--max-steps",
-            "4",
-            "--eval-every",
-            "2",
-            "--max-tokens",
-            "400",
-            "--no-progress",
-            "--precision",
-            "fp32",
+            *train_translation_args(
+                paths,
+                out,
+                "--preset",
+                "tiny",
+                "--vocab-size",
+                200,
+                "--max-steps",
+                4,
+                "--eval-every",
+                2,
+                "--max-tokens",
+                400,
+            ),
         ],
         capture_output=True,
         text=True,
