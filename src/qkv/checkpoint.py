@@ -14,8 +14,11 @@ A run folder holds:
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import random
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -110,3 +113,53 @@ def average_weights(paths: list[Path], model: nn.Module) -> None:
         {name: (t / len(paths)).to(model.state_dict()[name].dtype) for name, t in total.items()},
         strict=False,
     )
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+class MetricsLog:
+    """metrics.csv, rewritten atomically on every row so a crash never leaves half a line."""
+
+    def __init__(self, path: Path, metric_names: tuple[str, ...]) -> None:
+        self.path = path
+        self.columns = [
+            "step",
+            "epoch",
+            "elapsed_s",
+            "lr",
+            "train_loss",
+            "tokens_per_s",
+            "val_loss",
+            *[f"val_{m}" for m in metric_names if m != "loss"],
+        ]
+        self.rows: list[dict[str, Any]] = []
+
+    def resume(self, step: int) -> None:
+        """Keep the rows up to ``step``; later ones belong to the run being replaced."""
+        if self.path.is_file():
+            with open(self.path, newline="", encoding="utf-8") as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append({c: row.get(c, "") for c in self.columns})
+        out = io.StringIO()
+        writer = csv.DictWriter(out, self.columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_text(self.path, out.getvalue())

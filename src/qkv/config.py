@@ -11,6 +11,27 @@ POSITIONALS = ("sinusoidal", "learned")
 ATTENTION_IMPLS = ("sdpa", "reference")
 
 
+def option(
+    default: Any = None,
+    help: str = "",
+    *,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = None,
+    metavar: str | None = None,
+    cli: bool = True,
+) -> Any:
+    """A settings field that is also a command-line option, with its help text beside it.
+
+    The command line is generated from these fields (``qkv.cli.options``), so a job shows
+    exactly the options its settings have. ``flag`` renames the option (default
+    ``--field-name``); ``cli=False`` keeps a field off the command line.
+    """
+    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "cli": cli}
+    if isinstance(default, list | dict):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
 @dataclass
 class ModelConfig:
     """Sizes and switches of a Transformer; passed whole to every module.

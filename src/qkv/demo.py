@@ -8,7 +8,8 @@ from pathlib import Path
 from qkv import checkpoint as ckpt
 from qkv.config import ModelConfig
 from qkv.synthetic import make_splits
-from qkv.tasks.translation import Translator, corpus_scores, train_translation
+from qkv.jobs.run import run_job
+from qkv.jobs.translation import JOB, TranslationSettings, Translator, corpus_scores
 from qkv.training import TrainConfig
 
 # Sized to reach >= 95% exact match on held-out sentences within ~2.5 minutes on 2 CPU cores.
@@ -30,16 +31,17 @@ DEMO_TRAIN = dict(
     max_steps=4000,
     lr=3e-3,
     warmup_steps=200,
-    max_tokens=3000,
     precision="fp32",
     eval_every=250,
     log_every=25,
-    label_smoothing=0.0,
 )
+DEMO_DATA = dict(vocab_size=1000, max_len=64, max_tokens=3000, label_smoothing=0.0)
 DEMO_SPLITS = dict(n_train=30000, n_valid=300, n_test=1000)
 
 
-def run_demo(out: Path, max_time: float = 150.0, seed: int = 1, progress: bool = True) -> dict:
+def run_demo(
+    out: Path, max_time: float = 150.0, seed: int = 1, progress: bool = True, force: bool = True
+) -> dict:
     """Generate the data, train, score the held-out test set, print examples, write summary.json."""
     splits = make_splits(seed=seed, **DEMO_SPLITS)
     print(
@@ -49,8 +51,13 @@ def run_demo(out: Path, max_time: float = 150.0, seed: int = 1, progress: bool =
     config = ModelConfig.preset("tiny", **DEMO_MODEL)
     train = TrainConfig(out=str(out), max_time=max_time, seed=seed, progress=progress, **DEMO_TRAIN)
     started = time.monotonic()
-    summary = train_translation(
-        splits["train"], splits["valid"], config, train, vocab_size=1000, max_len=64
+    summary = run_job(
+        JOB,
+        TranslationSettings(**DEMO_DATA),
+        config,
+        train,
+        force=force,
+        data={"train": splits["train"], "valid": splits["valid"]},
     )
     translator = Translator.load(out, beam_size=1)
     test_src = [s for s, _ in splits["test"]]
@@ -82,9 +89,9 @@ def write_demo_pictures(run_dir: Path, sentence: str) -> list[Path]:
     Returns:
         the PNG heatmaps (one per kind and layer) and the interactive page, attention.html.
     """
-    from qkv.explain import run_attention
-    from qkv.viz import attention_pictures
-    from qkv.viz_html import write_attention_page
+    from qkv.viz.attention import run_attention
+    from qkv.viz.heatmaps import attention_pictures
+    from qkv.viz.page import write_attention_page
 
     folder = Path(run_dir) / "attention"
     attention = run_attention(run_dir, sentence)

@@ -1,33 +1,57 @@
-"""Training on several processes with PyTorch's own engine: ``torchrun`` and DDP.
+"""Training on several processes with PyTorch's own engine: ``torchrun``, DDP and FSDP.
 
-Launched by ``torchrun``, each process trains a DistributedDataParallel replica on every
-world_size-th batch; rank 0 validates, writes the run folder, and shares its decisions.
-Launched plainly, everything here is a no-op for a single process.
+Launched by ``torchrun``, each process trains on every world_size-th batch, either as a
+DistributedDataParallel replica (``ddp``: each process holds the whole model, gradients are
+averaged) or as a shard of one FullyShardedDataParallel model (``fsdp``: parameters, gradients
+and optimizer state are split across processes). Rank 0 validates, writes the run folder and
+shares its decisions. Launched plainly, everything here is a no-op for a single process.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from contextlib import nullcontext
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 T = TypeVar("T")
 
 
-def setup_distributed() -> tuple[int, int, torch.device]:
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes (0, 1 without torchrun)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    """True on rank 0 (and in a plain single process): the one that writes and prints."""
+    return rank_and_world()[0] == 0
+
+
+def default_device() -> torch.device:
+    """This process's GPU under torchrun (LOCAL_RANK), the GPU without it, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def setup_distributed(
+    device: str | torch.device | None = None,
+) -> tuple[int, int, torch.device]:
     """(rank, world_size, device); starts the process group when launched by torchrun."""
+    device = torch.device(device) if device is not None else default_device()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    rank, world = rank_and_world()
     return rank, world, device
 
 
@@ -36,8 +60,10 @@ def main_process_first(work: Callable[[], T], then: Callable[[], T] | None = Non
 
     For what must be made once and read by all, such as a tokenizer trained on the data.
     """
-    rank, world, _ = setup_distributed()
-    if world == 1 or rank == 0:
+    rank, world = rank_and_world()
+    if world > 1 and not dist.is_initialized():
+        setup_distributed()
+    if rank == 0:
         result = work()
     if world > 1:
         dist.barrier()
@@ -53,3 +79,90 @@ def broadcast_flag(flag: bool, world: int, device: torch.device) -> bool:
     tensor = torch.tensor([int(flag)], device=device)
     dist.broadcast(tensor, src=0)
     return bool(tensor.item())
+
+
+class Parallel:
+    """How the training module is spread over the processes.
+
+    Attributes:
+        train_module: what the loop runs forward and backward (the model itself, its DDP
+            wrapper, or the model sharded in place by FSDP).
+        model: a whole, unsharded model on rank 0 for validation and saving: the model
+            itself with ``ddp``, a copy kept up to date by ``gather`` with ``fsdp``.
+    """
+
+    def __init__(self, model: nn.Module, strategy: str, world: int, device: torch.device):
+        self.strategy = strategy if world > 1 else "single"
+        self.model = model
+        if self.strategy == "ddp":
+            device_ids = [device.index] if device.type == "cuda" else None
+            self.train_module = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        elif self.strategy == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            self.model = copy.deepcopy(model) if dist.get_rank() == 0 else model
+            self.train_module = fully_shard(model)
+        else:
+            self.train_module = model
+
+    def no_sync(self, last: bool):
+        """Skip the gradient exchange on all but the last micro-batch of an accumulation."""
+        if last or self.strategy == "single":
+            return nullcontext()
+        if self.strategy == "ddp":
+            return self.train_module.no_sync()
+        return _fsdp_no_sync(self.train_module)
+
+    def gather(self) -> None:
+        """Bring the sharded weights together into ``model`` on rank 0 (all ranks call it)."""
+        if self.strategy != "fsdp":
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.train_module, options=options)
+        if dist.get_rank() == 0:
+            self.model.load_state_dict(state)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's whole state (all ranks call it; rank 0's is complete)."""
+        if self.strategy != "fsdp":
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.train_module, optimizer, options=options)
+
+    def load_optimizer_state(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Load an optimizer state saved by ``optimizer_state`` (every rank calls it)."""
+        if self.strategy != "fsdp":
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.train_module, optimizer, state, options=options)
+
+
+class _fsdp_no_sync:
+    """FSDP2's way of accumulating gradients locally: no reduce-scatter until the last batch."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __enter__(self) -> None:
+        self.module.set_requires_gradient_sync(False)
+
+    def __exit__(self, *exc: object) -> None:
+        self.module.set_requires_gradient_sync(True)

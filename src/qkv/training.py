@@ -8,9 +8,7 @@ world_size-th batch, and rank 0 validates and writes the run folder.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
 import random
 import time
@@ -22,62 +20,98 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from qkv import checkpoint as ckpt
-from qkv.distributed import broadcast_flag, setup_distributed
+from qkv.config import option
+from qkv.distributed import Parallel, broadcast_flag, setup_distributed
 from qkv.errors import InputError
+from qkv.progress import TrainingProgress
 
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
+STRATEGIES = ("ddp", "fsdp")
+
+
 @dataclass
 class TrainConfig:
-    """Training settings; the command line builds one, and config.json records it."""
+    """Settings of the training loop, the same for every job; config.json records them.
 
-    out: str = "runs/run"
-    max_steps: int = 20000
-    max_time: float | None = None  # seconds, validation included; stops cleanly with a checkpoint
+    What a batch holds, the loss and the data belong to the job's own settings.
+    """
+
+    out: str = option("runs/run", cli=False)  # the run folder; the command line's --out
+    max_steps: int = option(20000, "stop after this many optimizer steps")
+    max_time: float | None = option(
+        None, "stop after this many seconds of training (validation included)"
+    )
     # "wall": max_time is wall-clock time. "cpu": the process's CPU time divided by its threads,
     # i.e. the time it had the whole machine, so a budget holds on a machine others share.
-    clock: str = "wall"
-    max_epochs: int | None = None
-    lr: float = 7e-4  # peak learning rate, reached at the end of warmup
-    warmup_steps: int = 4000
+    clock: str = option(
+        "wall",
+        "what --max-time counts: wall-clock time, or CPU time per thread (a shared machine)",
+        choices=("wall", "cpu"),
+    )
+    max_epochs: int | None = option(None, "stop after this many passes over the training data")
+    lr: float = option(7e-4, "peak learning rate, reached at the end of warmup")
+    warmup_steps: int = option(
+        4000, "steps of linear warmup before the inverse-square-root decay"
+    )
     # Adam's betas and eps as in the paper (5.3); weight decay is AdamW's decoupled one.
-    betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0  # 0 disables gradient clipping
-    accumulate: int = 1  # batches per optimizer step
-    max_tokens: int = 4096  # tokens per batch (padding included), not sentences
-    precision: str = "auto"  # bf16 autocast where the device supports it, else fp32
-    seed: int = 1
-    eval_every: int = 1000
-    log_every: int = 50
-    patience: int | None = None  # validations without improvement before stopping early
-    average_last: int = 0  # average the weights of the last N validation checkpoints at the end
-    progress: bool = True
+    betas: tuple[float, float] = option((0.9, 0.98), cli=False)
+    adam_eps: float = option(1e-9, cli=False)
+    weight_decay: float = option(0.0, "AdamW's decoupled weight decay on weight matrices")
+    clip_norm: float = option(1.0, "clip the gradient norm to this value (0 disables)")
+    accumulate: int = option(1, "batches whose gradients are summed per optimizer step")
+    precision: str = option(
+        "auto", "auto: bf16 autocast where the CPU or GPU supports it; bf16; fp32",
+        choices=PRECISIONS,
+    )
+    seed: int = option(1, "random seed of initialisation, batch order and dropout")
+    eval_every: int = option(1000, "validate and checkpoint every N steps")
+    log_every: int = option(
+        50, "write a metrics.csv row (and a progress line when not on a terminal) every N steps"
+    )
+    patience: int | None = option(None, "stop after N validations without improvement")
+    average_last: int = option(
+        0, "at the end, average the weights of the last N checkpoints if that helps"
+    )
+    # ddp: every process holds the whole model (DistributedDataParallel); fsdp: parameters,
+    # gradients and optimizer state are sharded across processes (FullyShardedDataParallel).
+    strategy: str = option(
+        "ddp",
+        "under torchrun: ddp replicates the model per process; fsdp shards it (FSDP)",
+        choices=STRATEGIES,
+    )
+    progress: bool = option(True, cli=False)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
         checks = {
             "max_steps": self.max_steps >= 1,
+            "max_time": self.max_time is None or self.max_time > 0,
+            "max_epochs": self.max_epochs is None or self.max_epochs >= 1,
             "lr": self.lr > 0,
             "warmup_steps": self.warmup_steps >= 0,
-            "label_smoothing": 0 <= self.label_smoothing < 1,
+            "weight_decay": self.weight_decay >= 0,
+            "clip_norm": self.clip_norm >= 0,
             "accumulate": self.accumulate >= 1,
-            "max_tokens": self.max_tokens >= 1,
             "eval_every": self.eval_every >= 1,
             "log_every": self.log_every >= 1,
+            "patience": self.patience is None or self.patience >= 1,
             "precision": self.precision in PRECISIONS,
             "clock": self.clock in ("wall", "cpu"),
             "average_last": self.average_last >= 0,
+            "strategy": self.strategy in STRATEGIES,
         }
         bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
         if bad:
             raise InputError(f"invalid training settings: {', '.join(bad)}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
 
 
 class Task(Protocol):
@@ -138,56 +172,6 @@ def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Ad
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps)
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
-
-
-class MetricsLog:
-    """metrics.csv, rewritten atomically on every row so a crash never leaves half a line."""
-
-    def __init__(self, path: Path, metric_names: tuple[str, ...]) -> None:
-        self.path = path
-        self.columns = [
-            "step",
-            "epoch",
-            "elapsed_s",
-            "lr",
-            "train_loss",
-            "tokens_per_s",
-            "val_loss",
-            *[f"val_{m}" for m in metric_names if m != "loss"],
-        ]
-        self.rows: list[dict[str, Any]] = []
-
-    def resume(self, step: int) -> None:
-        """Keep the rows up to ``step``; later ones belong to the run being replaced."""
-        if self.path.is_file():
-            with open(self.path, newline="", encoding="utf-8") as f:
-                self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.rows.append({c: row.get(c, "") for c in self.columns})
-        out = io.StringIO()
-        writer = csv.DictWriter(out, self.columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(self.rows)
-        ckpt.write_text(self.path, out.getvalue())
-
-
 class Trainer:
     """Trains ``model`` on ``task`` into the run folder ``config.out``.
 
@@ -195,8 +179,9 @@ class Trainer:
         task: the job's batches, loss and validation.
         model: a freshly built model (or the same model again, with ``resume=True``).
         config: training settings.
-        run_config: what config.json records besides the training settings (task, model).
+        run_config: what config.json records besides the training settings (job, model).
         resume: continue from ``last.safetensors`` and ``state.pt`` exactly where they stopped.
+        device: where to train (default: this process's GPU if any, else the CPU).
     """
 
     def __init__(
@@ -206,27 +191,30 @@ class Trainer:
         config: TrainConfig,
         run_config: dict[str, Any],
         resume: bool = False,
+        device: str | torch.device | None = None,
     ) -> None:
         self.task, self.config = task, config
         self.run_dir = Path(config.out)
-        self.rank, self.world, self.device = setup_distributed()
+        self.rank, self.world, self.device = setup_distributed(device)
         torch.manual_seed(config.seed)
         random.seed(config.seed)
-        self.model = model.to(self.device)
-        self.ddp = nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model
-        self.optimizer = configure_optimizer(self.model, config)
+        model = model.to(self.device)
+        state = self._read_resume_state(model) if resume else None
+        self.parallel = Parallel(model, config.strategy, self.world, self.device)
+        self.model, self.train_module = self.parallel.model, self.parallel.train_module
+        self.optimizer = configure_optimizer(self.train_module, config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, inverse_sqrt_schedule(config.warmup_steps)
         )
         self.amp_dtype = autocast_dtype(config.precision, self.device)
-        self.log = MetricsLog(self.run_dir / ckpt.METRICS, task.metric_names)
+        self.log = ckpt.MetricsLog(self.run_dir / ckpt.METRICS, task.metric_names)
         self.step = self.epoch = self.batch_index = 0
         self.best: float | None = None
         self.bad_evals, self.elapsed_before, self.tokens_seen = 0, 0.0, 0
         self.saved: list[Path] = []
         self.tensorboard = self._tensorboard()
-        if resume:
-            self._resume()
+        if state is not None:
+            self._resume(state)
         elif self.is_main:
             ckpt.write_json(
                 self.run_dir / ckpt.CONFIG, {**run_config, "train": dataclasses.asdict(config)}
@@ -252,13 +240,14 @@ class Trainer:
         config = self.config
         self.start = self._clock()
         wall_start = time.monotonic()
-        bar = tqdm(
-            total=config.max_steps,
-            initial=self.step,
-            unit="step",
-            disable=not (config.progress and self.is_main),
-            dynamic_ncols=True,
-            desc=f"train {self.task.name}",
+        self.progress = TrainingProgress(
+            config.progress and self.is_main,
+            f"train {self.task.name}",
+            config.max_steps,
+            config.max_time,
+            self.step,
+            self.elapsed_before,
+            config.log_every,
         )
         window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
         reason = "max_steps"
@@ -272,18 +261,18 @@ class Trainer:
                 continue
             loss, tokens = self._train_step(batches)
             window_loss, window_tokens = window_loss + loss, window_tokens + tokens
-            bar.update(1)
             if self.step % config.log_every == 0:
                 rate = window_tokens * self.world / max(time.monotonic() - window_start, 1e-9)
-                self._log_train(bar, window_loss / config.log_every, rate)
+                self._log_train(window_loss / config.log_every, rate)
                 window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+            self.progress.update(self.step, self.elapsed())
             if self.step % config.eval_every == 0 and self._validate_and_save():
                 reason = "early_stopping"
                 break
             if config.max_time is not None and self.elapsed() >= config.max_time:
                 reason = "max_time"
                 break
-        bar.close()
+        self.progress.close()
         self.wall_seconds = time.monotonic() - wall_start
         return self._finish(reason)
 
@@ -311,21 +300,19 @@ class Trainer:
 
     def _train_step(self, batches: list[Any]) -> tuple[float, int]:
         """One optimizer step over ``accumulate`` batches; returns (mean loss, target tokens)."""
-        self.ddp.train()
+        self.train_module.train()
         total_loss, total_tokens = 0.0, 0
         for micro in range(self.config.accumulate):
             batch = _to_device(batches[self.batch_index], self.device)
             self.batch_index += 1
-            last = micro == self.config.accumulate - 1
-            sync = nullcontext() if last or self.world == 1 else self.ddp.no_sync()
-            with sync:
+            with self.parallel.no_sync(last=micro == self.config.accumulate - 1):
                 with self._autocast():
-                    loss, tokens = self.task.loss(self.ddp, batch)
+                    loss, tokens = self.task.loss(self.train_module, batch)
                 (loss / self.config.accumulate).backward()
             total_loss += loss.item() / self.config.accumulate
             total_tokens += tokens
         if self.config.clip_norm > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+            nn.utils.clip_grad_norm_(self.train_module.parameters(), self.config.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -333,9 +320,13 @@ class Trainer:
         self.tokens_seen += total_tokens * self.world
         return total_loss, total_tokens
 
-    def _log_train(self, bar: tqdm, loss: float, tokens_per_s: float) -> None:
+    def _log_train(self, loss: float, tokens_per_s: float) -> None:
         lr = self.scheduler.get_last_lr()[0]
-        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+        self.progress.postfix = {
+            "loss": f"{loss:.3f}",
+            "lr": f"{lr:.2e}",
+            "tok/s": f"{tokens_per_s:,.0f}",
+        }
         if self.is_main:
             self.log.add(
                 {
@@ -356,6 +347,8 @@ class Trainer:
     def _validate_and_save(self) -> bool:
         """Validate, keep the best weights, save state for resume; True to stop early."""
         stop = False
+        self.parallel.gather()  # FSDP: the whole model on rank 0 (every rank takes part)
+        optimizer_state = self.parallel.optimizer_state(self.optimizer)
         if self.is_main:
             metrics = self._validate()
             value = metrics[self.task.metric]
@@ -365,7 +358,7 @@ class Trainer:
             else:
                 self.bad_evals += 1
             self._save_for_average()
-            self._save_resume_state()
+            self._save_resume_state(optimizer_state)
             patience = self.config.patience
             stop = patience is not None and self.bad_evals >= patience
         return broadcast_flag(stop, self.world, self.device)
@@ -386,7 +379,9 @@ class Trainer:
         if self.tensorboard:
             for k, v in metrics.items():
                 self.tensorboard.add_scalar(f"val/{k}", v, self.step)
-        tqdm.write(f"step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        self.progress.write(
+            f"step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        )
         return metrics
 
     def _save_for_average(self) -> None:
@@ -399,7 +394,7 @@ class Trainer:
             old.unlink(missing_ok=True)
         self.saved = self.saved[-self.config.average_last :]
 
-    def _save_resume_state(self) -> None:
+    def _save_resume_state(self, optimizer_state: dict[str, Any]) -> None:
         ckpt.save_weights(self.model, self.run_dir / ckpt.LAST_WEIGHTS)
         ckpt.save_state(
             {
@@ -411,20 +406,23 @@ class Trainer:
                 "elapsed": self.elapsed(),
                 "tokens_seen": self.tokens_seen,
                 "saved": [str(p) for p in self.saved],
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(),
-                "rng": rng_state(),
+                "rng": ckpt.rng_state(),
             },
             self.run_dir / ckpt.STATE,
         )
 
-    def _resume(self) -> None:
+    def _read_resume_state(self, model: nn.Module) -> dict[str, Any]:
+        """Load the last weights into ``model`` (before it is wrapped) and return state.pt."""
         state_path = self.run_dir / ckpt.STATE
         if not state_path.is_file():
             raise InputError(f"{state_path}: nothing to resume; train without --resume first")
-        ckpt.load_weights(self.model, self.run_dir / ckpt.LAST_WEIGHTS)
-        state = ckpt.load_state(state_path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        ckpt.load_weights(model, self.run_dir / ckpt.LAST_WEIGHTS)
+        return ckpt.load_state(state_path)
+
+    def _resume(self, state: dict[str, Any]) -> None:
+        self.parallel.load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.batch_index = (
             state["step"],
@@ -434,7 +432,7 @@ class Trainer:
         self.best, self.bad_evals = state["best"], state["bad_evals"]
         self.elapsed_before, self.tokens_seen = state["elapsed"], state["tokens_seen"]
         self.saved = [Path(p) for p in state["saved"]]
-        set_rng_state(state["rng"])
+        ckpt.set_rng_state(state["rng"])
         self.log.resume(self.step)
 
     def _finish(self, reason: str) -> dict[str, Any]:
@@ -449,7 +447,8 @@ class Trainer:
             dist.broadcast_object_list(shared, src=0)
             self.best, averaged = shared
             dist.barrier()
-        ckpt.load_weights(self.model, self.run_dir / ckpt.WEIGHTS)
+        if self.is_main:
+            ckpt.load_weights(self.model, self.run_dir / ckpt.WEIGHTS)
         if self.tensorboard:
             self.tensorboard.close()
         return {

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from qkv.cli.options import add_runtime_options, apply_runtime
 from qkv.errors import InputError
 
 
-def register(commands: argparse._SubParsersAction, jobs: argparse._SubParsersAction) -> None:
-    """Add ``qkv attention``, ``qkv explain`` and ``qkv plot`` (``jobs`` is not used)."""
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``qkv attention``, ``qkv explain`` and ``qkv plot``."""
     add_attention(commands)
     add_explain(commands)
     add_plot(commands)
@@ -35,6 +36,7 @@ def add_attention(commands: argparse._SubParsersAction) -> None:
     attention.add_argument(
         "--head", type=int, help="draw only this head (from 0), as one large heatmap"
     )
+    add_runtime_options(attention)
     attention.set_defaults(run=run_attention)
 
 
@@ -42,18 +44,29 @@ def add_explain(commands: argparse._SubParsersAction) -> None:
     explain = commands.add_parser(
         "explain",
         help="the three steps of attention with a run's real numbers, for one query token",
-        description="Recompute one query of the encoder's self-attention from the layer's own "
-        "input: (1) score q·k/√d_k against every key, (2) softmax the scores into weights, "
-        "(3) take the weighted sum of the values. Prints one row per key token.",
+        description="Recompute one query of one attention from the layer's own input: (1) "
+        "score q·k/√d_k against every key, (2) softmax the scores into weights, (3) take the "
+        "weighted sum of the values. Prints one row per key token. A translator has three "
+        "kinds: encoder self-attention, decoder masked self-attention (queries and keys are "
+        "<s> and the output so far) and encoder-decoder attention (queries from the output, "
+        "keys and values from the source).",
     )
     explain.add_argument("--model", required=True, help="run folder written by `qkv train`")
     explain.add_argument(
         "input", metavar="INPUT", help="a sentence (a text for a classifier; an image for vit)"
     )
     explain.add_argument("--token", type=int, default=0, help="query token, from 0 (default: 0)")
-    explain.add_argument("--layer", type=int, default=0, help="encoder layer (default: 0)")
+    explain.add_argument(
+        "--kind",
+        choices=("encoder", "decoder", "cross"),
+        default="encoder",
+        help="which attention: encoder self-attention, decoder masked self-attention, or "
+        "encoder-decoder (cross) attention (default: encoder)",
+    )
+    explain.add_argument("--layer", type=int, default=0, help="layer, from 0 (default: 0)")
     explain.add_argument("--head", type=int, default=0, help="head (default: 0)")
     explain.add_argument("--png", help="also draw the three steps into this PNG file")
+    add_runtime_options(explain)
     explain.set_defaults(run=run_explain)
 
 
@@ -77,13 +90,13 @@ def add_plot(commands: argparse._SubParsersAction) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> None:
-    from qkv.explain import check_index, run_attention
-    from qkv.viz import attention_pictures
-    from qkv.viz_html import write_attention_page
+    from qkv.viz.attention import check_index, run_attention
+    from qkv.viz.heatmaps import attention_pictures
+    from qkv.viz.page import write_attention_page
 
     if not (args.out or args.html):
         raise InputError("nothing to write: give --out DIR for PNG heatmaps and/or --html FILE")
-    attention = run_attention(args.model, args.input)
+    attention = run_attention(args.model, args.input, apply_runtime(args))
     first = attention.kinds[0]
     if args.layer is not None:
         check_index(args.layer, max(k.n_layers for k in attention.kinds), "--layer", "layers")
@@ -100,10 +113,12 @@ def run_attention(args: argparse.Namespace) -> None:
 
 
 def run_explain(args: argparse.Namespace) -> None:
-    from qkv.explain import explain_query, format_steps
-    from qkv.viz import save_figure, three_steps_figure
+    from qkv.jobs import load_run
+    from qkv.viz.explain import explain_query, format_steps
+    from qkv.viz.heatmaps import save_figure, three_steps_figure
 
-    steps = explain_query(args.model, args.input, args.token, args.layer, args.head)
+    predictor = load_run(args.model, apply_runtime(args))
+    steps = explain_query(predictor, args.input, args.kind, args.layer, args.head, args.token)
     print(format_steps(steps))
     if args.png:
         print(save_figure(three_steps_figure(steps), args.png))
@@ -111,7 +126,8 @@ def run_explain(args: argparse.Namespace) -> None:
 
 def run_plot(args: argparse.Namespace) -> None:
     from qkv import checkpoint as ckpt
-    from qkv.viz import (
+    from qkv.jobs.base import read_job_name
+    from qkv.viz.heatmaps import (
         positional_encoding_figure,
         read_metrics,
         save_figure,
@@ -129,7 +145,7 @@ def run_plot(args: argparse.Namespace) -> None:
     if not args.run_dir:
         raise InputError("give a RUN_DIR to draw its training curves, or --positional-encoding")
     run_dir = Path(args.run_dir)
-    task = ckpt.read_run_config(run_dir).get("task", "run")
+    task, _ = read_job_name(run_dir)
     metrics = read_metrics(run_dir / ckpt.METRICS)
     figure = training_curves_figure(metrics, f"{run_dir.name}: {task} training")
     print(save_figure(figure, args.out or run_dir / "curves.png"))

@@ -1,0 +1,136 @@
+"""Machine translation (sequence to sequence): parallel text in, a translator out.
+
+A joint subword vocabulary is learned from both sides of the training data, so that source
+and target embeddings and the output layer share one matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from qkv.config import ModelConfig, option
+from qkv.data import PAD_ID, SubwordTokenizer
+from qkv.errors import InputError
+from qkv.jobs.base import ENCODER_DECODER_OPTIONS, Job, JobSettings
+from qkv.jobs.translation.data import read_pairs
+from qkv.jobs.translation.predict import DecodeOptions, Translator, corpus_scores
+from qkv.jobs.translation.task import TranslationTask, prepare_pairs
+from qkv.model import Transformer
+
+TOKENIZER = "tokenizer.json"
+DATA_HELP = (
+    "a TSV file of source<TAB>target lines, or a prefix PREFIX whose PREFIX.SRC and "
+    "PREFIX.TGT are line-aligned (with --source-lang SRC --target-lang TGT)"
+)
+
+
+@dataclass
+class TranslationSettings(JobSettings):
+    """Data and vocabulary of a translation run."""
+
+    train: str | None = option(None, f"training pairs: {DATA_HELP}", metavar="PATH")
+    valid: str | None = option(None, "validation pairs, the same way", metavar="PATH")
+    source_lang: str | None = option(
+        None, "suffix of the source files, e.g. de", metavar="LANG"
+    )
+    target_lang: str | None = option(
+        None, "suffix of the target files, e.g. en", metavar="LANG"
+    )
+    vocab_size: int = option(8000, "joint subword vocabulary size")
+    max_len: int = option(128, "skip pairs longer than this many subwords")
+    max_tokens: int = option(
+        4096, "tokens per batch, padding included (batches are built by length)"
+    )
+
+    def check(self) -> None:
+        super().check()
+        if self.vocab_size < 8 or self.max_len < 1 or self.max_tokens < 1:
+            raise InputError(
+                f"--vocab-size {self.vocab_size}, --max-len {self.max_len} and --max-tokens "
+                f"{self.max_tokens} must be positive (a vocabulary of at least 8)"
+            )
+
+
+class TranslationJob(Job):
+    name = "translation"
+    summary = "sequence to sequence: parallel text in, a translator out"
+    description = (
+        "Train a translator (the encoder-decoder Transformer) on parallel text: a TSV file "
+        "of source<TAB>target lines, or line-aligned files PREFIX.SRC and PREFIX.TGT. A joint "
+        "subword vocabulary is learned from the training data and saved in the run folder."
+    )
+    Settings = TranslationSettings
+    PredictOptions = DecodeOptions
+    predict_command = "translate"
+    predict_help = "translate sentences, one a line, with a trained translator"
+    predict_description = (
+        "Read sentences, one a line, and write one translation a line (an empty line gives "
+        "an empty line), batch by batch, so that it can be used interactively too."
+    )
+    model_options = ENCODER_DECODER_OPTIONS
+    model_defaults = {"share_embeddings": True, "tie_output": True}
+    train_defaults = {"max_steps": 20000, "eval_every": 1000, "warmup_steps": 1000}
+
+    def read_data(self, settings: TranslationSettings) -> dict[str, list[tuple[str, str]]]:
+        lang = (settings.source_lang, settings.target_lang)
+        return {
+            "train": read_pairs(settings.train, *lang, "--train"),
+            "valid": read_pairs(settings.valid, *lang, "--valid"),
+        }
+
+    def prepare(self, settings: TranslationSettings, data: Any, run_dir: Path) -> SubwordTokenizer:
+        texts = [side for pair in data["train"] for side in pair]
+        tokenizer = SubwordTokenizer.train(texts, settings.vocab_size)
+        tokenizer.save(run_dir / TOKENIZER)
+        return tokenizer
+
+    def load_prepared(self, settings: TranslationSettings, run_dir: Path) -> SubwordTokenizer:
+        return SubwordTokenizer.load(run_dir / TOKENIZER)
+
+    def model_config(
+        self, config: ModelConfig, settings: TranslationSettings, prepared: SubwordTokenizer
+    ) -> ModelConfig:
+        return dataclasses.replace(
+            config,
+            src_vocab_size=prepared.vocab_size,
+            tgt_vocab_size=prepared.vocab_size,
+            pad_id=PAD_ID,
+            max_len=max(config.max_len, 2 * settings.max_len + 16),
+        )
+
+    def build_model(self, config: ModelConfig, settings: Any, prepared: Any) -> nn.Module:
+        return Transformer(config)
+
+    def build_task(
+        self, settings: TranslationSettings, prepared: SubwordTokenizer, data: Any
+    ) -> TranslationTask:
+        train = prepare_pairs(data["train"], prepared, settings.max_len, "training data")
+        valid = prepare_pairs(data["valid"], prepared, settings.max_len, "validation data")
+        return TranslationTask(
+            prepared, train, valid, settings.max_tokens, settings.label_smoothing
+        )
+
+    def report(self, summary: dict[str, Any], run_dir: Path) -> str:
+        return f"best validation BLEU {summary['best_val_bleu']:.2f}; run folder {run_dir}"
+
+    def predictor(
+        self, model: nn.Module, settings: Any, prepared: SubwordTokenizer, **options: Any
+    ) -> Translator:
+        return Translator(model, prepared, DecodeOptions(**options), settings)
+
+
+JOB = TranslationJob()
+
+__all__ = [
+    "JOB",
+    "DecodeOptions",
+    "TranslationSettings",
+    "Translator",
+    "TranslationTask",
+    "corpus_scores",
+]
