@@ -26,14 +26,16 @@ import torch
 
 from qkv.config import ModelConfig
 from qkv.data import read_lines
-from qkv.labeled_text import LabeledTexts, read_labeled
+from qkv.jobs.classification import (
+    JOB,
+    Classifier,
+    ClassifierSettings,
+    LabeledTexts,
+    read_labeled,
+)
+from qkv.jobs.run import run_job
 from qkv.labels import LabelVocab
 from qkv.metrics import label_scores
-from qkv.tasks.classification import (
-    Classifier,
-    ClassifierOptions,
-    train_classifier,
-)
 from qkv.training import TrainConfig
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -111,30 +113,26 @@ def main() -> None:
         activation="gelu",
         max_len=256,
     )
-    options = ClassifierOptions(
-        pooling=args.pooling,
-        vocab_size=args.vocab_size,
-        max_len=128,
-        word_dropout=args.word_dropout,
-    )
     # fp32: at this width bf16 autocast costs more in casts than it saves on a CPU.
     common = dict(precision="fp32", progress=False, clip_norm=1.0, log_every=50)
-    pretrain = TrainConfig(
-        out="unused",  # train_classifier puts it in <run>/pretrain
-        max_steps=1_000_000,
-        max_time=args.pretrain_minutes * 60,
-        lr=args.pretrain_lr,
-        warmup_steps=200,
-        weight_decay=0.01,
-        label_smoothing=0.0,
-        max_tokens=args.pretrain_max_tokens,
-        eval_every=500,
-        **common,
-    )
     started = time.monotonic()
     runs, summaries = [], []
+    data = {"train": splits["train"], "valid": splits["dev"], "unlabeled": unlabeled}
     for seed in range(1, args.seeds + 1):
         run = args.out / f"seed{seed}"
+        first = seed == 1 and not args.no_pretrain
+        options = ClassifierSettings(
+            pooling=args.pooling,
+            vocab_size=args.vocab_size,
+            max_len=128,
+            max_tokens=args.max_tokens,
+            word_dropout=args.word_dropout,
+            label_smoothing=0.0,
+            pretrain_time=args.pretrain_minutes * 60 if first else None,
+            pretrain_max_tokens=args.pretrain_max_tokens,
+            pretrain_lr=args.pretrain_lr,
+            pretrained=None if first or args.no_pretrain else str(args.out / "seed1"),
+        )
         finetune = TrainConfig(
             out=str(run),
             max_steps=1_000_000,
@@ -142,33 +140,21 @@ def main() -> None:
             lr=args.lr,
             warmup_steps=100,
             weight_decay=args.weight_decay,
-            label_smoothing=0.0,
-            max_tokens=args.max_tokens,
             eval_every=args.eval_every,
             patience=args.patience,
             average_last=args.average_last,
             seed=seed,
             **common,
         )
-        first = seed == 1 and not args.no_pretrain
-        summary = train_classifier(
-            splits["train"],
-            splits["dev"],
-            model,
-            finetune,
-            options,
-            unlabeled=unlabeled,
-            pretrain_config=pretrain if first else None,
-            pretrained=None if first or args.no_pretrain else args.out / "seed1",
-        )
+        summary = run_job(JOB, options, model, finetune, force=True, data=data)
         runs.append(run)
         summaries.append(summary)
         print(f"seed {seed}: dev accuracy {summary['best_val_accuracy']:.2f}", flush=True)
     train_seconds = time.monotonic() - started
-    report_results(args, runs, summaries, splits, model, options, train_seconds)
+    report_results(args, runs, summaries, splits, model, unlabeled, train_seconds)
 
 
-def report_results(args, runs, summaries, splits, model, options, train_seconds) -> None:
+def report_results(args, runs, summaries, splits, model, unlabeled, train_seconds) -> None:
     """Score each seed and the ensemble on dev and test; write the JSON report."""
     classifiers = [Classifier.load(run) for run in runs]
     labels = classifiers[0].labels
@@ -199,10 +185,8 @@ def report_results(args, runs, summaries, splits, model, options, train_seconds)
         "settings": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "model": model.to_dict(),
-            "options": options.__dict__,
-            "unlabeled_sentences": json.loads((runs[0] / "config.json").read_text())["data"][
-                "unlabeled_texts"
-            ],
+            "options": json.loads((runs[0] / "config.json").read_text())["settings"],
+            "unlabeled_sentences": len(unlabeled),
         },
         "test_accuracy": test,
         "scores": scores,

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from qkv.config import ModelConfig
-from qkv.tasks.tagging import Tagger, read_conllu, train_tagger
+from qkv.jobs.run import run_job
+from qkv.jobs.tagging import JOB, Tagger, TaggerSettings, read_conllu
 from qkv.training import TrainConfig
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt"
@@ -87,8 +88,6 @@ def main() -> None:
         clock=args.clock,
         lr=args.lr,
         warmup_steps=args.warmup,
-        max_tokens=args.max_tokens,
-        label_smoothing=args.label_smoothing,
         eval_every=args.eval_every,
         log_every=50,
         average_last=args.average_last,
@@ -96,16 +95,18 @@ def main() -> None:
         seed=args.seed,
         progress=False,
     )
-    summary = train_tagger(
-        files["train"],
-        files["dev"],
-        model,
-        config,
+    settings = TaggerSettings(
+        train=str(files["train"]),
+        valid=str(files["dev"]),
         tagset=args.tagset,
         vocab_size=args.vocab_size,
+        max_tokens=args.max_tokens,
         char_dim=args.char_dim,
         token_dropout=args.token_dropout,
+        label_smoothing=args.label_smoothing,
+        max_len=1024,
     )
+    summary = run_job(JOB, settings, model, config, force=True)
 
     tagger = Tagger.load(args.out)
     known = {w for s in read_conllu(files["train"], args.tagset) for w in s.words}

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from qkv.config import ModelConfig
-from qkv.data import read_parallel
-from qkv.tasks.translation import Translator, train_translation
+from qkv.jobs.run import run_job
+from qkv.jobs.translation import JOB, TranslationSettings, Translator
+from qkv.jobs.translation.data import read_parallel
 from qkv.training import TrainConfig
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -56,8 +57,16 @@ def main() -> None:
     if not args.data.is_dir():
         raise SystemExit(f"{args.data}: Multi30k not found; pass --data")
 
-    train = read_parallel(args.data / "train.de", args.data / "train.en")
-    valid = read_parallel(args.data / "val.de", args.data / "val.en")
+    settings = TranslationSettings(
+        train=str(args.data / "train"),
+        valid=str(args.data / "val"),
+        source_lang="de",
+        target_lang="en",
+        vocab_size=args.vocab_size,
+        max_len=128,
+        max_tokens=args.max_tokens,
+        label_smoothing=0.1,
+    )
     model = ModelConfig.preset(
         "small", norm_first=True, dropout=args.dropout, share_embeddings=True, tie_output=True
     )
@@ -68,17 +77,13 @@ def main() -> None:
         clock=args.clock,
         lr=args.lr,
         warmup_steps=args.warmup,
-        max_tokens=args.max_tokens,
-        label_smoothing=0.1,
         eval_every=args.eval_every,
         log_every=50,
         average_last=args.average_last,
         precision="auto",
         progress=False,
     )
-    summary = train_translation(
-        train, valid, model, config, vocab_size=args.vocab_size, max_len=128
-    )
+    summary = run_job(JOB, settings, model, config, force=True)
 
     scores = {}
     for split in ("test2016", "val"):

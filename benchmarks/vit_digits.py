@@ -21,23 +21,14 @@ from pathlib import Path
 import torch
 
 from qkv.config import ModelConfig
-from qkv.tasks.vision import (
-    CONFUSION,
-    DIGITS,
-    DIGITS_PIXEL_MAX,
-    Augmentation,
-    ImageClassifier,
-    digits_labels,
-    digits_splits,
-    train_vit,
-)
+from qkv.jobs.run import run_job
+from qkv.jobs.vision import JOB, ImageClassifier, VisionSettings, digits_splits, image_config
+from qkv.jobs.vision.data import DIGITS_TEST_FRACTION as TEST_FRACTION
 from qkv.training import TrainConfig
-from qkv.vision_model import ImageConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEER_TEST_ACCURACY = 96.9  # plain ViT, this CPU
 PEER_TRAIN_SECONDS = 105.0
-TEST_FRACTION = 0.2
 
 
 def main() -> None:
@@ -68,8 +59,18 @@ def main() -> None:
     args = parser.parse_args()
 
     splits = digits_splits(args.split_seed, args.valid_fraction, TEST_FRACTION)
-    labels = digits_labels()
-    image = ImageConfig(8, 1, args.patch_size, args.patch_stride, len(labels))
+    settings = VisionSettings(
+        valid_fraction=args.valid_fraction,
+        split_seed=args.split_seed,
+        patch_size=args.patch_size,
+        patch_stride=args.patch_stride,
+        batch_size=args.batch_size,
+        shift=args.shift,
+        rotate=args.rotate,
+        zoom=args.zoom,
+        label_smoothing=args.label_smoothing,
+    )
+    image = image_config(JOB.resolve(settings), 10)
     model = ModelConfig.preset(
         "tiny",
         d_model=args.d_model,
@@ -87,7 +88,6 @@ def main() -> None:
         lr=args.lr,
         warmup_steps=args.warmup,
         weight_decay=args.weight_decay,
-        label_smoothing=args.label_smoothing,
         eval_every=args.eval_every,
         log_every=50,
         average_last=args.average_last,
@@ -96,26 +96,8 @@ def main() -> None:
         seed=args.seed,
         progress=False,
     )
-    data = {
-        "source": DIGITS,
-        "split_seed": args.split_seed,
-        "valid_fraction": args.valid_fraction,
-        "test_fraction": TEST_FRACTION,
-        "pixel_max": DIGITS_PIXEL_MAX,
-    }
-    summary = train_vit(
-        splits["train"],
-        splits["valid"],
-        labels,
-        model,
-        image,
-        config,
-        data,
-        test=splits["test"],
-        batch_size=args.batch_size,
-        augment=Augmentation(args.shift, args.rotate, args.zoom),
-    )
-    scores = ImageClassifier.load(args.out).evaluate(splits["test"], args.out / CONFUSION)
+    summary = run_job(JOB, settings, model, config, force=True)
+    scores = ImageClassifier.load(args.out).evaluate(splits["test"], args.out / "confusion.png")
     accuracy = round(scores["accuracy"], 2)
     report = {
         "benchmark": "vit_digits",

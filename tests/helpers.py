@@ -45,7 +45,6 @@ def tiny_train_config(out: Path, **overrides) -> TrainConfig:
         eval_every=3,
         log_every=1,
         warmup_steps=2,
-        max_tokens=400,
         lr=3e-3,
         progress=False,
         precision="fp32",
@@ -53,19 +52,48 @@ def tiny_train_config(out: Path, **overrides) -> TrainConfig:
     return TrainConfig(**{**values, **overrides})
 
 
+def tiny_translation_settings(**overrides):
+    """Settings of a translation run on data given from Python (``run_job(..., data=)``)."""
+    from qkv.jobs.translation import TranslationSettings
+
+    return TranslationSettings(**{"vocab_size": 200, "max_len": 40, "max_tokens": 400, **overrides})
+
+
+def train_tiny_translation(
+    out: Path, data=None, settings=None, resume: bool = False, **train_overrides
+):
+    """Train a tiny translator on ``tiny_pairs`` (or ``data``) through ``run_job``."""
+    from qkv.jobs.run import run_job
+    from qkv.jobs.translation import JOB
+
+    if data is None:
+        splits = tiny_pairs()
+        data = {"train": splits["train"], "valid": splits["valid"]}
+    return run_job(
+        JOB,
+        settings or tiny_translation_settings(),
+        tiny_model_config(),
+        tiny_train_config(out, **train_overrides),
+        data=data,
+        resume=resume,
+    )
+
+
 def train_translation_args(paths: dict[str, Path], out: Path, *options: object) -> list[str]:
     """`qkv train translation` on the files of ``write_splits``, then ``options``."""
+    prefix = str(paths["train_src"])[: -len(".src")]
+    valid = str(paths["valid_src"])[: -len(".src")]
     return [
         "train",
         "translation",
-        "--train-src",
-        str(paths["train_src"]),
-        "--train-tgt",
-        str(paths["train_tgt"]),
-        "--valid-src",
-        str(paths["valid_src"]),
-        "--valid-tgt",
-        str(paths["valid_tgt"]),
+        "--train",
+        prefix,
+        "--valid",
+        valid,
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
         "--out",
         str(out),
         "--no-progress",
@@ -73,3 +101,42 @@ def train_translation_args(paths: dict[str, Path], out: Path, *options: object) 
         "fp32",
         *map(str, options),
     ]
+
+
+def write_conllu(path: Path, n: int = 40, seed: int = 0) -> Path:
+    """A small CoNLL-U file of toy sentences: DET ADJ? NOUN VERB DET NOUN PUNCT."""
+    import random
+
+    rng = random.Random(seed)
+    words = {
+        "DET": ["the", "a"],
+        "ADJ": ["big", "red", "old"],
+        "NOUN": ["dog", "cat", "tree", "car"],
+        "VERB": ["sees", "likes"],
+        "PUNCT": ["."],
+    }
+    blocks = []
+    for i in range(n):
+        tags = ["DET", *(["ADJ"] if rng.random() < 0.5 else []), "NOUN", "VERB", "DET", "NOUN"]
+        tags.append("PUNCT")
+        rows = [
+            f"{k}\t{rng.choice(words[t])}\t_\t{t}\t_\t_\t_\t_\t_\t_" for k, t in enumerate(tags, 1)
+        ]
+        blocks.append(f"# sent_id = {i}\n" + "\n".join(rows) + "\n")
+    path.write_text("\n".join(blocks), encoding="utf-8")
+    return path
+
+
+def write_labeled(path: Path, n: int = 40, seed: int = 0) -> Path:
+    """label<TAB>text lines whose label follows from a word of the text."""
+    import random
+
+    rng = random.Random(seed)
+    good, bad = ["fine", "great", "lovely"], ["dull", "poor", "awful"]
+    lines = []
+    for _ in range(n):
+        label = rng.choice(["pos", "neg"])
+        word = rng.choice(good if label == "pos" else bad)
+        lines.append(f"{label}\ta {word} film with a {rng.choice(['plot', 'cast'])}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -1,5 +1,6 @@
-"""The same trainer under torchrun: two CPU processes, DistributedDataParallel over gloo."""
+"""Every job under torchrun: two CPU processes (gloo), DistributedDataParallel or FSDP."""
 
+import csv
 import json
 import os
 import shutil
@@ -8,46 +9,110 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from .helpers import train_translation_args, write_splits
+from .helpers import train_translation_args, write_conllu, write_labeled, write_splits
+
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32", reason="torchrun's gloo backend needs a POSIX host"
+)
+TINY_ENCODER = ["--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--d-ff", "64",
+                "--n-encoder-layers", "1"]  # fmt: skip
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="torchrun's gloo backend needs a POSIX host")
-def test_translation_trains_on_two_processes(tmp_path):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    if torchrun is None:
+def torchrun(*args, processes: int = 2) -> subprocess.CompletedProcess:
+    launcher = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if launcher is None:
         pytest.skip("torchrun is not installed beside this Python")
-    paths = write_splits(tmp_path, n_train=200)
-    out = tmp_path / "run"
+    command = [launcher, "--nproc_per_node", str(processes), "-m", "qkv", *map(str, args)]
     done = subprocess.run(
-        [
-            torchrun,
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "qkv",
-            *train_translation_args(
-                paths,
-                out,
-                "--preset",
-                "tiny",
-                "--vocab-size",
-                200,
-                "--max-steps",
-                4,
-                "--eval-every",
-                2,
-                "--max-tokens",
-                400,
-            ),
-        ],
+        command,
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    return done
+
+
+def job_args(job: str, folder: Path) -> list[object]:
+    """`qkv train JOB` on small generated data, a few steps."""
+    loop = ["--max-steps", 4, "--eval-every", 2, "--no-progress", "--precision", "fp32"]
+    if job == "translation":
+        paths = write_splits(folder, n_train=200)
+        return train_translation_args(
+            paths, folder / "run", "--preset", "tiny", "--vocab-size", 200, "--max-steps", 4,
+            "--eval-every", 2, "--max-tokens", 400,
+        )  # fmt: skip
+    if job == "tagger":
+        train, valid = write_conllu(folder / "t.conllu"), write_conllu(folder / "v.conllu", 10, 1)
+        data = ["--train", train, "--valid", valid, "--vocab-size", 60, "--char-dim", 8]
+        data += ["--max-tokens", 100]
+    elif job == "classifier":
+        train, valid = write_labeled(folder / "t.tsv"), write_labeled(folder / "v.tsv", 10, 1)
+        data = ["--train", train, "--valid", valid, "--vocab-size", 60, "--max-tokens", 100]
+    else:
+        data = ["--d-model", 16, "--n-heads", 2, "--d-ff", 32, "--n-encoder-layers", 1]
+        return ["train", "vit", *data, "--out", folder / "run", *loop]
+    return ["train", job, *data, *TINY_ENCODER, "--out", folder / "run", *loop]
+
+
+@pytest.mark.parametrize("job", ["translation", "tagger", "classifier", "vit"])
+def test_every_job_trains_on_two_processes(job, tmp_path):
+    done = torchrun(*job_args(job, tmp_path))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 4
-    assert done.stdout.count("best validation BLEU") == 1  # only rank 0 speaks
-    assert (out / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    assert done.stdout.count("run folder") == 1  # only rank 0 speaks
+
+
+def train_losses(run: Path) -> list[float]:
+    with open(run / "metrics.csv", newline="") as f:
+        return [float(r["train_loss"]) for r in csv.DictReader(f) if r["train_loss"]]
+
+
+def translation(tmp_path: Path, name: str, *options: object) -> list[object]:
+    paths = write_splits(tmp_path, n_train=200)
+    return train_translation_args(
+        paths, tmp_path / name, "--preset", "tiny", "--vocab-size", 200, "--max-steps", 6,
+        "--eval-every", 3, "--log-every", 1, "--max-tokens", 300, "--dropout", 0, *options,
+    )  # fmt: skip
+
+
+def one_process(*args: object) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "qkv", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_two_processes_equal_one_accumulating_the_same_batches(tmp_path):
+    """DDP averages the two ranks' gradients: the same step as one process over both batches."""
+    torchrun(*translation(tmp_path, "ddp"))
+    one_process(*translation(tmp_path, "accumulated", "--accumulate", 2))
+    one_process(*translation(tmp_path, "alone"))  # rank 0's batches only: must differ
+    two, one, alone = (
+        load_file(tmp_path / run / "last.safetensors") for run in ("ddp", "accumulated", "alone")
+    )
+    assert two.keys() == one.keys()
+    for name in two:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)
+    assert any(not torch.allclose(two[n], alone[n], rtol=1e-4, atol=1e-5) for n in two)
+
+
+def test_fsdp_follows_the_same_loss_curve_as_ddp(tmp_path):
+    torchrun(*translation(tmp_path, "ddp"))
+    torchrun(*translation(tmp_path, "fsdp", "--strategy", "fsdp"))
+    ddp, fsdp = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "fsdp")
+    assert len(ddp) == 6
+    assert fsdp == pytest.approx(ddp, rel=1e-4)
+    config = json.loads((tmp_path / "fsdp" / "config.json").read_text())
+    assert config["train"]["strategy"] == "fsdp"
+    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 6

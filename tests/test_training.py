@@ -7,10 +7,9 @@ import torch
 from qkv import checkpoint as ckpt
 from qkv.errors import InputError
 from qkv.model import Transformer
-from qkv.tasks.translation import train_translation
 from qkv.training import TrainConfig, configure_optimizer, inverse_sqrt_schedule
 
-from .helpers import tiny_model_config, tiny_pairs, tiny_train_config
+from .helpers import tiny_model_config, train_tiny_translation
 
 
 def test_schedule_warms_up_then_decays_as_inverse_sqrt():
@@ -39,15 +38,7 @@ def test_bad_training_settings_name_themselves():
 
 
 def train(out, **overrides):
-    splits = tiny_pairs()
-    return train_translation(
-        splits["train"],
-        splits["valid"],
-        tiny_model_config(),
-        tiny_train_config(out, **overrides),
-        vocab_size=200,
-        max_len=40,
-    )
+    return train_tiny_translation(out, **overrides)
 
 
 def read_metrics(run_dir):
@@ -77,19 +68,10 @@ def test_run_folder_holds_everything(tmp_path):
 
 
 def test_resume_continues_bit_for_bit(tmp_path):
-    splits = tiny_pairs()
-    config = tiny_model_config()
-
     def run(out, max_steps, resume=False):
         torch.manual_seed(123)
-        return train_translation(
-            splits["train"],
-            splits["valid"],
-            config,
-            tiny_train_config(out, max_steps=max_steps, eval_every=3, accumulate=2),
-            vocab_size=200,
-            max_len=40,
-            resume=resume,
+        return train_tiny_translation(
+            out, max_steps=max_steps, eval_every=3, accumulate=2, resume=resume
         )
 
     run(tmp_path / "straight", 9)
@@ -155,3 +137,11 @@ def test_weights_round_trip_through_safetensors_with_tied_matrices(tmp_path):
     assert other.output.proj.weight is other.tgt_embed.token.weight
     with pytest.raises(InputError, match="no weights here"):
         ckpt.load_weights(other, tmp_path / "missing.safetensors")
+
+
+def test_too_little_data_for_one_step_is_an_error_not_a_hang(tmp_path):
+    from .helpers import tiny_translation_settings
+
+    settings = tiny_translation_settings(max_tokens=1_000_000)  # all pairs in one batch
+    with pytest.raises(InputError, match="fills 1 batches, fewer than 2"):
+        train_tiny_translation(tmp_path / "run", settings=settings, accumulate=2)

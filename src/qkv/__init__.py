@@ -14,18 +14,24 @@ from qkv.model import Decoder, Encoder, EncoderModel, OutputLayer, Transformer
 
 # The jobs load their libraries (tokenizers, sacreBLEU, ...) only when first used.
 _LAZY = {
-    "Translator": "qkv.tasks.translation",
-    "train_translation": "qkv.tasks.translation",
+    "Translator": "qkv.jobs.translation",
+    "TranslationSettings": "qkv.jobs.translation",
     "TrainConfig": "qkv.training",
     "Trainer": "qkv.training",
     "SubwordTokenizer": "qkv.data",
-    "read_parallel": "qkv.data",
-    "read_tsv": "qkv.data",
-    "read_hf_dataset": "qkv.data",
+    "read_parallel": "qkv.jobs.translation.data",
+    "read_tsv": "qkv.jobs.translation.data",
+    "read_hf_dataset": "qkv.jobs.translation.data",
     "InputError": "qkv.errors",
-    "Tagger": "qkv.tasks.tagging",
-    "Classifier": "qkv.tasks.classification",
-    "ImageClassifier": "qkv.tasks.vision",
+    "Tagger": "qkv.jobs.tagging",
+    "TaggerSettings": "qkv.jobs.tagging",
+    "Classifier": "qkv.jobs.classification",
+    "ClassifierSettings": "qkv.jobs.classification",
+    "ImageClassifier": "qkv.jobs.vision",
+    "VisionSettings": "qkv.jobs.vision",
+    "get_job": "qkv.jobs",
+    "load_run": "qkv.jobs",
+    "run_job": "qkv.jobs.run",
 }
 
 

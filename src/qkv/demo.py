@@ -7,9 +7,9 @@ from pathlib import Path
 
 from qkv import checkpoint as ckpt
 from qkv.config import ModelConfig
-from qkv.synthetic import make_splits
 from qkv.jobs.run import run_job
 from qkv.jobs.translation import JOB, TranslationSettings, Translator, corpus_scores
+from qkv.synthetic import make_splits
 from qkv.training import TrainConfig
 
 # Sized to reach >= 95% exact match on held-out sentences within ~2.5 minutes on 2 CPU cores.

@@ -111,7 +111,7 @@ class Parallel:
             return nullcontext()
         if self.strategy == "ddp":
             return self.train_module.no_sync()
-        return _fsdp_no_sync(self.train_module)
+        return _FsdpNoSync(self.train_module)
 
     def gather(self) -> None:
         """Bring the sharded weights together into ``model`` on rank 0 (all ranks call it)."""
@@ -139,9 +139,7 @@ class Parallel:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_optimizer_state_dict(self.train_module, optimizer, options=options)
 
-    def load_optimizer_state(
-        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Load an optimizer state saved by ``optimizer_state`` (every rank calls it)."""
         if self.strategy != "fsdp":
             optimizer.load_state_dict(state)
@@ -155,7 +153,7 @@ class Parallel:
         set_optimizer_state_dict(self.train_module, optimizer, state, options=options)
 
 
-class _fsdp_no_sync:
+class _FsdpNoSync:
     """FSDP2's way of accumulating gradients locally: no reduce-scatter until the last batch."""
 
     def __init__(self, module: nn.Module) -> None:

@@ -62,6 +62,19 @@ class InputEmbedding(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.scale = math.sqrt(config.d_model)
 
-    def forward(self, tokens: Tensor, start_pos: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, start_pos: int = 0, extra: Tensor | None = None) -> Tensor:
+        """Embed ``tokens`` and add their positions.
+
+        Args:
+            tokens: (B, T) token ids.
+            start_pos: the position of the first token (decoding with a KV cache).
+            extra: (B, T, D) vectors added to the scaled token embeddings before the
+                positional encoding (a tagger's character vectors), or None.
+
+        Returns:
+            (B, T, D) input vectors, dropout applied.
+        """
         x = self.token(tokens) * self.scale  # (B, T, D)
+        if extra is not None:
+            x = x + extra.to(x.dtype)
         return self.dropout(self.position(x, start_pos))

@@ -79,7 +79,7 @@ class OutputLayer(nn.Module):
         return F.log_softmax(self.proj(x).float(), dim=-1)
 
 
-def _init_weights(module: nn.Module, d_model: int) -> None:
+def init_weights(module: nn.Module, d_model: int) -> None:
     """Xavier-uniform matrices (as torch.nn.Transformer), zero biases, N(0, D^-1/2) embeddings."""
     for name, param in module.named_parameters():
         if name.endswith("token.weight"):
@@ -105,7 +105,7 @@ class Transformer(nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.output = OutputLayer(config, config.tgt_vocab_size)
-        _init_weights(self, config.d_model)
+        init_weights(self, config.d_model)
         if config.tie_output:
             self.output.proj.weight = self.tgt_embed.token.weight
         self.cache_position: int | None = None  # next target position when a cache is set up
@@ -233,7 +233,7 @@ class EncoderModel(nn.Module):
         self.config = config
         self.embed = InputEmbedding(config, config.src_vocab_size)
         self.encoder = Encoder(config)
-        _init_weights(self, config.d_model)
+        init_weights(self, config.d_model)
 
     def forward(
         self, src: Tensor, src_mask: Tensor | None = None, attentions: list[Tensor] | None = None

@@ -54,9 +54,7 @@ class TrainConfig:
     )
     max_epochs: int | None = option(None, "stop after this many passes over the training data")
     lr: float = option(7e-4, "peak learning rate, reached at the end of warmup")
-    warmup_steps: int = option(
-        4000, "steps of linear warmup before the inverse-square-root decay"
-    )
+    warmup_steps: int = option(4000, "steps of linear warmup before the inverse-square-root decay")
     # Adam's betas and eps as in the paper (5.3); weight decay is AdamW's decoupled one.
     betas: tuple[float, float] = option((0.9, 0.98), cli=False)
     adam_eps: float = option(1e-9, cli=False)
@@ -64,7 +62,8 @@ class TrainConfig:
     clip_norm: float = option(1.0, "clip the gradient norm to this value (0 disables)")
     accumulate: int = option(1, "batches whose gradients are summed per optimizer step")
     precision: str = option(
-        "auto", "auto: bf16 autocast where the CPU or GPU supports it; bf16; fp32",
+        "auto",
+        "auto: bf16 autocast where the CPU or GPU supports it; bf16; fp32",
         choices=PRECISIONS,
     )
     seed: int = option(1, "random seed of initialisation, batch order and dropout")
@@ -256,6 +255,12 @@ class Trainer:
                 reason = "max_epochs"
                 break
             batches = self._epoch_batches()
+            if len(batches) < config.accumulate:
+                raise InputError(
+                    f"the training data fills {self._epoch_total} batches, fewer than "
+                    f"{self.world * config.accumulate} (processes x --accumulate) for one step; "
+                    "lower the batch size or give more data"
+                )
             if self.batch_index + config.accumulate > len(batches):
                 self.epoch, self.batch_index = self.epoch + 1, 0
                 continue
@@ -288,6 +293,7 @@ class Trainer:
     def _epoch_batches(self) -> list[Any]:
         if getattr(self, "_batches_epoch", None) != self.epoch:
             batches = self.task.train_batches(self.epoch, self.config.seed)
+            self._epoch_total = len(batches)
             per_rank = len(batches) // self.world  # every rank takes the same number of steps
             self._batches = batches[self.rank : per_rank * self.world : self.world]
             self._batches_epoch = self.epoch

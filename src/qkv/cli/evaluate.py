@@ -17,8 +17,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="score a trained run on data (BLEU, accuracy, macro-F1 ...)",
         description="Score a trained run of any job: BLEU and chrF for a translator, accuracy "
         "and macro-F1 for the others. The run's own files are never changed; pictures (a "
-        "confusion matrix) go to --out. The prediction options of the run's job (e.g. "
-        "`qkv translate`'s --beam) are accepted too.",
+        "confusion matrix) go to --out. The prediction options of the run's job (those of "
+        "`qkv translate` for a translator, say) are accepted too.",
     )
     parser.add_argument("--model", required=True, help="run folder written by `qkv train`")
     parser.add_argument(

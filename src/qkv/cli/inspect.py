@@ -127,12 +127,8 @@ def run_explain(args: argparse.Namespace) -> None:
 def run_plot(args: argparse.Namespace) -> None:
     from qkv import checkpoint as ckpt
     from qkv.jobs.base import read_job_name
-    from qkv.viz.heatmaps import (
-        positional_encoding_figure,
-        read_metrics,
-        save_figure,
-        training_curves_figure,
-    )
+    from qkv.viz.curves import positional_encoding_figure, read_metrics, training_curves_figure
+    from qkv.viz.heatmaps import save_figure
 
     if args.positional_encoding:
         if args.run_dir:

@@ -8,6 +8,7 @@ input line to ``--output`` (default stdout); the job's prediction options come f
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from qkv.cli.options import add_dataclass_options, add_runtime_options, apply_runtime, typed
@@ -43,9 +44,7 @@ def register(commands: argparse._SubParsersAction, jobs: list[Job]) -> None:
             help=job.predict_help,
             description=job.predict_description or job.predict_help,
         )
-        parser.add_argument(
-            "--model", required=True, help=f"run folder of `qkv train {job.name}`"
-        )
+        parser.add_argument("--model", required=True, help=f"run folder of `qkv train {job.name}`")
         parser.add_argument(
             "inputs",
             nargs="*",
@@ -70,8 +69,13 @@ def run_predict(args: argparse.Namespace) -> None:
             raise InputError("give inputs either as arguments or as --input FILE, not both")
         lines = [" ".join(i.splitlines()) for i in args.inputs]
         outputs = predictor.predict_lines(lines)
-        with open_output(args.output) as out:
+        out = open_output(args.output)
+        try:
             out.write("".join(line + "\n" for line in outputs))
+            out.flush()
+        finally:
+            if out is not sys.stdout:
+                out.close()
         return
     run_stream(
         predictor.predict_lines,

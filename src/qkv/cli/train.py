@@ -63,8 +63,9 @@ def add_job_parser(subcommands: argparse._SubParsersAction, job: Job) -> None:
     group.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
     loop = add_dataclass_options(group, TrainConfig, job.train_defaults)
     add_runtime_options(parser)
-    parser.set_defaults(run=run_train, job_=job, settings_names=settings, model_names=models,
-                        train_names=loop)
+    parser.set_defaults(
+        run=run_train, job_=job, settings_names=settings, model_names=models, train_names=loop
+    )
 
 
 def read_saved_config(path: str, job: Job) -> dict[str, Any]:
@@ -113,7 +114,8 @@ def configs_from(args: argparse.Namespace) -> tuple[Any, ModelConfig, TrainConfi
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from qkv.jobs.run import announce, run_job
+    from qkv.distributed import is_main_process
+    from qkv.jobs.run import run_job
 
     device = apply_runtime(args)
     settings, model_config, train_config = configs_from(args)
@@ -126,4 +128,5 @@ def run_train(args: argparse.Namespace) -> None:
         force=args.force,
         device=device,
     )
-    announce(args.job_.report(summary, Path(args.out)))
+    if is_main_process():  # the scores of the held-out data are rank 0's
+        print(args.job_.report(summary, Path(args.out)), flush=True)

@@ -125,9 +125,7 @@ class Job:
         """``config`` sized for the prepared vocabularies (vocabulary sizes, max_len ...)."""
         return config
 
-    def build_model(
-        self, config: ModelConfig, settings: JobSettings, prepared: Any
-    ) -> nn.Module:
+    def build_model(self, config: ModelConfig, settings: JobSettings, prepared: Any) -> nn.Module:
         raise NotImplementedError
 
     def build_task(self, settings: JobSettings, prepared: Any, data: Any) -> Task:
@@ -140,6 +138,7 @@ class Job:
         prepared: Any,
         data: Any,
         train_config: TrainConfig,
+        device: str | torch.device | None = None,
     ) -> dict[str, Any]:
         """Work on a new run before training starts (e.g. pretraining); returns summary entries."""
         return {}

@@ -16,10 +16,10 @@ import torch
 
 from qkv import checkpoint as ckpt
 from qkv.config import ModelConfig
-from qkv.distributed import is_main_process, main_process_first
+from qkv.distributed import main_process_first
 from qkv.errors import InputError
 from qkv.jobs.base import SUMMARY, Job, JobSettings, read_job_name
-from qkv.training import Trainer, TrainConfig
+from qkv.training import TrainConfig, Trainer
 
 
 def check_run_folder(run_dir: Path, resume: bool, force: bool) -> None:
@@ -110,7 +110,7 @@ def run_job(
     model = job.build_model(model_config, settings, prepared)
     summary_extra: dict[str, Any] = {}
     if not resume:
-        summary_extra = job.before_fit(model, settings, prepared, data, train_config)
+        summary_extra = job.before_fit(model, settings, prepared, data, train_config, device)
     task = job.build_task(settings, prepared, data)
     run_config = {
         "job": job.name,
@@ -125,12 +125,3 @@ def run_job(
         summary.update(job.finish(predictor, settings, data, run_dir))
         ckpt.write_json(run_dir / SUMMARY, summary)
     return summary
-
-
-def announce(line: str) -> None:
-    """Print ``line`` once, from rank 0, under torchrun."""
-    if is_main_process():
-        print(line, flush=True)
-
-
-__all__ = ["announce", "check_run_folder", "run_job"]

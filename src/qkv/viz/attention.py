@@ -56,11 +56,12 @@ class AttentionKind:
 class RunAttention:
     """What a run made of one input: its output and all its attention weights.
 
-    ``image`` and ``grid`` (rows, cols of patches) are set for ViT runs, whose token 0 is
-    [CLS] and whose other tokens are the patches, row by row.
+    ``job`` names the run's job (``Predictor.job``), for titles and messages only: nothing
+    here depends on it. ``image`` and ``grid`` (rows, cols of patches) are set for runs that
+    read an image, whose token 0 is [CLS] and whose other tokens are the patches, row by row.
     """
 
-    task: str
+    job: str
     input: str
     output: str
     kinds: list[AttentionKind]
@@ -72,7 +73,8 @@ class RunAttention:
             if kind.name == name:
                 return kind
         names = ", ".join(k.name for k in self.kinds)
-        raise InputError(f"a {self.task} run has no {name!r} attention; it has {names}")
+        what = KIND_TITLES.get(name, "attention")
+        raise InputError(f"a {self.job} run has no {what} ({name!r}); its kinds are: {names}")
 
 
 def run_attention(run_dir: str | Path, text: str, device: str = "cpu") -> RunAttention:

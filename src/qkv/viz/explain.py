@@ -1,53 +1,65 @@
-"""Looking inside a trained run: its attention maps, and the three steps of one query.
+"""The three steps of attention for one query, with a trained run's own numbers.
 
-``run_attention`` loads any run kind and gathers every layer's and head's weights with the
-token names to label them. ``explain_query`` recomputes one query of the encoder's
-self-attention from the layer's own input and projections, as the source text tells it:
-score the query against every key (q·k/√d_k), softmax the scores into a distribution, and
-take the weighted sum of the values.
+``explain_query`` recomputes one query of one head of one layer from what that layer's
+``MultiHeadAttention`` received (captured with a forward pre-hook while the predictor runs)
+and its own projections, as the source text tells it: score the query against every key
+(q·k/√d_k), softmax the scores into a distribution, and take the weighted sum of the values.
+It then sets the result beside the weights the model itself reported (``RunAttention``).
 
-Legend: L layers, H heads, S tokens, Q queries, K keys, D model width, Dh head width.
+Three kinds, found by the layers a model has, never by its job's name:
+- ``encoder``: self-attention of an ``EncoderLayer`` (every job has it);
+- ``decoder``: masked self-attention of a ``DecoderLayer``: queries and keys are ``<s>`` and
+  the output so far, and the causal mask lets query t see keys 0..t only;
+- ``cross``: encoder-decoder attention of a ``DecoderLayer``: the query comes from the
+  target side, keys and values from the encoder output (``memory``) under the source mask.
+
+Legend: S tokens, Q queries, K keys, D model width, Dh head width.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv import checkpoint as ckpt
+from qkv.attention import MultiHeadAttention, causal_mask
 from qkv.errors import InputError
-from qkv.layers import EncoderLayer
+from qkv.layers import DecoderLayer, EncoderLayer
+from qkv.viz.attention import KIND_TITLES, RunAttention, check_index
 
-def encoder_layers(model: nn.Module) -> list[EncoderLayer]:
-    """The encoder's layers in order, wherever the model keeps them."""
-    return [m for m in model.modules() if isinstance(m, EncoderLayer)]
+if TYPE_CHECKING:
+    from qkv.jobs.base import Predictor
 
-
-def check_index(value: int, count: int, option: str, what: str) -> None:
-    """An InputError naming ``option`` when ``value`` is not in [0, count)."""
-    if not 0 <= value < count:
-        raise InputError(f"{option} {value} is out of range: the {what} are 0 to {count - 1}")
+# Where each kind's MultiHeadAttention lives: (layer class, its attribute, what the layers are).
+KIND_MODULES = {
+    "encoder": (EncoderLayer, "self_attn", "encoder layers"),
+    "decoder": (DecoderLayer, "self_attn", "decoder layers"),
+    "cross": (DecoderLayer, "cross_attn", "decoder layers"),
+}
 
 
 @dataclass
 class ThreeSteps:
-    """One query of the encoder's self-attention, step by step, with the model's numbers.
+    """One query of one kind of attention, step by step, with the model's numbers.
 
     Args:
-        scores: (K,) step 1, q·k/√d_k for every key.
+        kind: ``"encoder"``, ``"decoder"`` or ``"cross"``.
+        scores: (K,) step 1, q·k/√d_k for every key; -inf where the mask hides the key.
         weights: (K,) step 2, the softmax of the scores.
         values: (K, Dh) the value vectors of the keys.
         output: (Dh,) step 3, the weighted sum of the values.
         model_weights: (K,) the weights the model itself reported for this query.
+        queries, keys: the kind's query tokens (Q) and key tokens (K).
     """
 
     attention: RunAttention
+    kind: str
     layer: int
     head: int
     token: int
@@ -57,11 +69,16 @@ class ThreeSteps:
     values: np.ndarray
     output: np.ndarray
     model_weights: np.ndarray
+    queries: list[str] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
 
     @property
+    def title(self) -> str:
+        return KIND_TITLES[self.kind]
+
+    @property
     def query(self) -> str:
-        return self.keys[self.token]
+        return self.queries[self.token]
 
     @property
     def value_norms(self) -> np.ndarray:
@@ -85,78 +102,137 @@ class ThreeSteps:
         return [int(i) for i in np.argsort(-self.shares, kind="stable")[:n]]
 
 
-def _capture_input(module: nn.Module) -> tuple[list[tuple[Tensor, Tensor | None]], Any]:
-    """A forward pre-hook on ``module`` recording (input, mask) of calls that want weights."""
-    seen: list[tuple[Tensor, Tensor | None]] = []
+@dataclass
+class AttentionCall:
+    """What one ``MultiHeadAttention.forward`` call received (row 0 of the batch).
+
+    Args:
+        x: (1, Q, D) the queries' input (after the pre-norm, if any).
+        memory: (1, K, D) the encoder output for cross-attention, else None (keys = ``x``).
+        mask: bool, True = may attend, broadcastable to (1, H, Q, K), or None.
+        is_causal: whether the causal mask was added on top of ``mask``.
+    """
+
+    x: Tensor
+    memory: Tensor | None
+    mask: Tensor | None
+    is_causal: bool
+
+
+def attention_modules(model: nn.Module, kind: str) -> list[MultiHeadAttention]:
+    """The ``MultiHeadAttention`` of each layer of ``kind`` in ``model``, in order."""
+    layer_class, attribute, _ = KIND_MODULES[kind]
+    return [getattr(m, attribute) for m in model.modules() if isinstance(m, layer_class)]
+
+
+def _capture_calls(module: MultiHeadAttention) -> tuple[list[AttentionCall], Any]:
+    """A forward pre-hook on ``module`` recording the calls that ask for the weights.
+
+    Only those: a predictor may decode with caches first (one new position per call), then
+    run the whole input once with ``need_weights`` to report the weights.
+    """
+    seen: list[AttentionCall] = []
+    signature = inspect.signature(module.forward)
 
     def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if kwargs.get("need_weights") and kwargs.get("memory") is None and len(args) == 1:
-            seen.append((args[0].detach(), kwargs.get("mask")))
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        call = bound.arguments
+        if not call["need_weights"]:
+            return
+        memory, mask = call["memory"], call["mask"]
+        seen.append(
+            AttentionCall(
+                x=call["x"][:1].detach(),
+                memory=None if memory is None else memory[:1].detach(),
+                mask=None if mask is None else mask[:1].detach(),
+                is_causal=bool(call["is_causal"]),
+            )
+        )
 
     return seen, module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 @torch.no_grad()
-def three_steps(layer: EncoderLayer, x: Tensor, mask: Tensor | None, head: int, token: int):
-    """Scores, weights, values and output of query ``token`` of ``head``.
+def three_steps(
+    attn: MultiHeadAttention, call: AttentionCall, head: int, token: int
+) -> tuple[np.ndarray, ...]:
+    """Scores, weights, values and output of query ``token`` of ``head`` in ``call``.
 
-    Args:
-        layer: the encoder layer whose self-attention is recomputed.
-        x: (1, S, D) what its ``self_attn`` saw (after the pre-norm, if any).
-        mask: (1, 1, 1, S) bool, True = may attend, or None.
+    The projections are ``attn``'s packed ``in_proj`` = [W_q; W_k; W_v]: W_q applies to the
+    queries' input ``x``; W_k and W_v to the keys' input, ``x`` itself for self-attention and
+    the encoder output ``memory`` for cross-attention.
+
     Returns:
         numpy arrays: scores (K,), weights (K,), values (K, Dh), output (Dh,)
     """
-    attn = layer.self_attn
-    _, S, D = x.shape
-    H = attn.n_heads
-    q, k, v = attn.in_proj(x).chunk(3, dim=-1)  # (1, S, D) each, from [W_q; W_k; W_v]
-    q, k, v = (t.view(S, H, D // H).transpose(0, 1)[head] for t in (q, k, v))  # (S, Dh)
+    D, H = attn.d_model, attn.n_heads
+    W, b = attn.in_proj.weight, attn.in_proj.bias
+    keys_input = call.x if call.memory is None else call.memory  # (1, K, D)
+    q = F.linear(call.x[0, token], W[:D], b[:D])  # (D,)
+    k = F.linear(keys_input[0], W[D : 2 * D], b[D : 2 * D])  # (K, D)
+    v = F.linear(keys_input[0], W[2 * D :], b[2 * D :])  # (K, D)
+    q = q.view(H, D // H)[head]  # (Dh,)
+    k, v = (t.view(-1, H, D // H)[:, head] for t in (k, v))  # (K, Dh) each
+    Q, K = call.x.size(1), k.size(0)
+    allowed = torch.ones(K, dtype=torch.bool, device=k.device)  # (K,)
+    if call.mask is not None:
+        rows = call.mask[0].expand(H, Q, K)[head]  # (Q, K)
+        allowed &= rows[token]
+    if call.is_causal:
+        allowed &= causal_mask(Q, K, device=k.device)[0, 0, token]  # keys 0..token only
     # Step 1: the query against every key, scaled by √d_k so the softmax stays soft.
-    scores = k @ q[token] / math.sqrt(D // H)  # (K,)
-    if mask is not None:
-        rows = mask[0, 0]  # (1 or Q, K)
-        scores = scores.masked_fill(~rows[token if rows.size(0) > 1 else 0], float("-inf"))
-    # Step 2: softmax turns the scores into a distribution over the keys.
-    weights = torch.softmax(scores.float(), dim=-1)  # (K,)
+    scores = (k @ q / math.sqrt(D // H)).masked_fill(~allowed, float("-inf"))  # (K,)
+    # Step 2: softmax turns the scores into a distribution over the keys it may see.
+    weights = torch.softmax(scores.float(), dim=-1).masked_fill(~allowed, 0.0)  # (K,)
     # Step 3: the weighted sum of the values.
     output = weights @ v.float()  # (Dh,)
-    return (t.float().cpu().numpy() for t in (scores, weights, v, output))
+    return tuple(t.float().cpu().numpy() for t in (scores, weights, v, output))
 
 
-def explain_query(run_dir: str | Path, text: str, token: int, layer: int, head: int) -> ThreeSteps:
-    """Recompute query ``token`` of encoder layer ``layer``, head ``head`` on ``text``."""
-    task, runner = load_runner(run_dir)
-    return explain_with(task, runner, text, token, layer, head)
-
-
-def explain_with(
-    task: str, runner: Any, text: str, token: int, layer: int, head: int
+def explain_query(
+    predictor: Predictor, text: str, kind: str, layer: int, head: int, token: int
 ) -> ThreeSteps:
-    """``explain_query`` with a loaded runner (see ``load_runner``).
+    """Recompute query ``token`` of ``kind`` attention, layer ``layer``, head ``head``, on ``text``.
 
-    q, k and v come from the input the layer's ``self_attn`` received (captured with a
-    forward pre-hook) and its packed ``in_proj``, split into heads.
+    Args:
+        predictor: any job's loaded run (``qkv.jobs.load_run(run_dir)``).
+        kind: ``"encoder"``, ``"decoder"`` or ``"cross"``; the run's model must have it.
+    Returns:
+        the three steps, beside the weights ``predictor.attention(text)`` reported.
     """
-    layers = encoder_layers(runner.model)
-    if not layers:
-        raise InputError(f"a {task} model without encoder layers has no self-attention to explain")
-    check_index(layer, len(layers), "--layer", "encoder layers")
-    check_index(head, layers[layer].self_attn.n_heads, "--head", "heads")
-    seen, handle = _capture_input(layers[layer].self_attn)
+    if kind not in KIND_MODULES:
+        raise InputError(f"--kind {kind!r}: choose one of {', '.join(KIND_MODULES)}")
+    modules = attention_modules(predictor.model, kind)
+    if not modules:
+        has = [k for k in KIND_MODULES if attention_modules(predictor.model, k)]
+        raise InputError(
+            f"a {predictor.job} run has no {KIND_TITLES[kind]} to explain; "
+            f"choose --kind {' or '.join(has) or 'of another run'}"
+        )
+    what = KIND_MODULES[kind][2]
+    check_index(layer, len(modules), "--layer", what)
+    attn = modules[layer]
+    check_index(head, attn.n_heads, "--head", "heads")
+    if not text.strip():
+        raise InputError("the input is empty; give something to look at")
+    seen, handle = _capture_calls(attn)
     try:
-        attention = collect_attention(task, runner, text)
+        attention = predictor.attention(text)
     finally:
         handle.remove()
-    encoder = attention.kind("encoder")
-    tokens = " ".join(encoder.queries)
-    check_index(token, len(encoder.queries), "--token", f"tokens of '{tokens}'")
+    reported = attention.kind(kind)
+    tokens = " ".join(reported.queries)
+    check_index(token, len(reported.queries), "--token", f"tokens of '{tokens}'")
     if not seen:
-        raise InputError(f"the {task} model never showed the input of encoder layer {layer}")
-    x, mask = seen[-1]
-    scores, weights, values, output = three_steps(layers[layer], x[:1], mask, head, token)
+        raise InputError(
+            f"the {predictor.job} run never showed the input of its {KIND_TITLES[kind]} "
+            f"in layer {layer}, so it cannot be recomputed"
+        )
+    scores, weights, values, output = three_steps(attn, seen[-1], head, token)
     return ThreeSteps(
         attention=attention,
+        kind=kind,
         layer=layer,
         head=head,
         token=token,
@@ -165,8 +241,9 @@ def explain_with(
         weights=weights,
         values=values,
         output=output,
-        model_weights=encoder.weights[layer, head, token],
-        keys=encoder.keys,
+        model_weights=reported.weights[layer, head, token],
+        queries=reported.queries,
+        keys=reported.keys,
     )
 
 
@@ -181,6 +258,15 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+NOTES = {
+    "encoder": "(* marks the query token itself)",
+    "decoder": "(* marks the query token itself; the causal mask hides the keys after it: "
+    "score -inf, weight 0)",
+    "cross": "(the query is an output-side token; keys and values come from the source, "
+    "through the encoder)",
+}
+
+
 def format_steps(steps: ThreeSteps) -> str:
     """A terminal table of the three steps: one row per key token."""
     a = steps.attention
@@ -189,7 +275,7 @@ def format_steps(steps: ThreeSteps) -> str:
     lines = [
         f"input: {a.input}",
         f"output: {a.output}",
-        f"{KIND_TITLES['encoder']}, layer {steps.layer}, head {steps.head}: query token "
+        f"{steps.title}, layer {steps.layer}, head {steps.head}: query token "
         f"{steps.token} {steps.query!r} against {len(steps.keys)} keys (d_k = {steps.head_dim})",
         "",
         f"step 1  score   = q·k / √d_k = q·k / {scale:.2f}",
@@ -203,7 +289,7 @@ def format_steps(steps: ThreeSteps) -> str:
     top = max(float(steps.weights.max()), 1e-12)
     contributions = steps.weights * steps.value_norms
     for j, key in enumerate(steps.keys):
-        mark = "*" if j == steps.token else " "
+        mark = "*" if j == steps.token and steps.kind != "cross" else " "
         lines.append(
             f"{j:>3}{mark} {_fit(key, width - 1):<{width}}{steps.scores[j]:>9.3f}"
             f"{steps.weights[j]:>9.4f}  {_bar(steps.weights[j] / top):<20}"
@@ -217,6 +303,6 @@ def format_steps(steps: ThreeSteps) -> str:
         f"= the sum of the shares",
         f"contributing most: {best}",
         f"the model's own weights for this query differ from these by at most {gap:.1e}",
-        "(* marks the query token itself)",
+        NOTES[steps.kind],
     ]
     return "\n".join(lines)

@@ -1,13 +1,17 @@
-"""Labeled text for sentence classification: TSV, CSV (header optional) and SST-2 lines."""
+"""Labeled text for sentence classification: TSV, CSV (header optional) and SST-2 lines.
+
+The readers turn files into ``LabeledTexts``; ``encode_texts`` turns texts into the subword
+ids the classifier reads ([CLS] first when it pools by it).
+"""
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkv.data import read_lines
+from qkv.data import BOS_ID, UNK_ID, SubwordTokenizer, read_lines
 from qkv.errors import InputError, where
 
 FORMATS = ("auto", "tsv", "csv", "sst2")
@@ -117,3 +121,23 @@ def _is_header(fields: list[str]) -> bool:
 def read_texts(path: str | Path) -> list[str]:
     """Unlabeled text, one a line, blank lines dropped (for the tokenizer and pretraining)."""
     return [line for line in read_lines(path) if line.strip()]
+
+
+def read_split(path: str | None, fmt: str, option: str) -> LabeledTexts:
+    """``read_labeled`` of the file an option named; a missing option or file says which."""
+    if path is None:
+        raise InputError(f"{option} is missing: give a file of labeled texts, one a line")
+    if not Path(path).is_file():
+        raise InputError(f"{option} {path}: no such file; give a file of labeled texts")
+    return read_labeled(path, fmt)
+
+
+def encode_texts(
+    tokenizer: SubwordTokenizer, texts: Sequence[str], max_len: int, cls: bool
+) -> list[list[int]]:
+    """Subword ids of each text, after [CLS] (the ``<s>`` id) when ``cls``, cut to ``max_len``."""
+    out = []
+    for ids in tokenizer.encode_batch(list(texts)):
+        ids = ids[: max_len - int(cls)] or [UNK_ID]  # a text of no subwords still gets a row
+        out.append([BOS_ID, *ids] if cls else ids)
+    return out

@@ -1,18 +1,38 @@
-"""Treebanks in CoNLL-U: the words of each sentence with their UPOS or XPOS tags."""
+"""Treebanks in CoNLL-U, and tagged words as model inputs.
+
+``read_conllu`` reads the words of each sentence with their UPOS or XPOS tags. A
+``WordEncoder`` turns words into subword ids (each word on its own) and character ids;
+``collate`` pads those into one ``TaggingBatch``.
+
+Legend: B batch, S subwords, W words, U distinct words of a batch, C characters of a word.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import re
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import conllu
+import numpy as np
+import torch
+from torch import Tensor
 
-from qkv.data import read_lines
+from qkv import checkpoint as ckpt
+from qkv.data import PAD_ID, UNK_ID, SubwordTokenizer, read_lines
 from qkv.errors import InputError, where
 
 TAGSETS = {"upos": 3, "xpos": 4}  # column index (0-based) of the tag in a CoNLL-U token line
 _TOKEN_ID = re.compile(r"\d+|\d+-\d+|\d+\.\d+")
+TOKENIZER, CHARS = "tokenizer.json", "chars.json"
+IGNORE = -100  # target of subwords that are not a word's first: cross_entropy skips them
+CHAR_PAD, CHAR_UNK, WORD_START, WORD_END = 0, 1, 2, 3
+MAX_WORD_CHARS = 24  # longer words keep their first 10 and last 14 characters
+MAX_WORD_SUBWORDS = 16  # only the first subword is labelled; the rest add context
 
 
 @dataclasses.dataclass
@@ -24,7 +44,9 @@ class TaggedSentence:
     lines: list[int]
 
 
-def read_conllu(path: str | Path, tagset: str = "upos") -> list[TaggedSentence]:
+def read_conllu(
+    path: str | Path | None, tagset: str = "upos", option: str = "--train"
+) -> list[TaggedSentence]:
     """Read the words (plain integer ids) and their UPOS or XPOS tags from a CoNLL-U file.
 
     Multiword-token ranges (``1-2``) and empty nodes (``1.1``) are skipped. The lines are
@@ -33,7 +55,10 @@ def read_conllu(path: str | Path, tagset: str = "upos") -> list[TaggedSentence]:
     Args:
         path: the CoNLL-U file (UTF-8).
         tagset: ``"upos"`` (column 4) or ``"xpos"`` (column 5).
+        option: the option that named ``path``, for the error when it is missing.
     """
+    if path is None:
+        raise InputError(f"{option} is missing: give a CoNLL-U file")
     if tagset not in TAGSETS:
         raise InputError(f"tagset {tagset!r} is not one of {sorted(TAGSETS)}")
     column = TAGSETS[tagset]
@@ -82,3 +107,160 @@ def _check_token_line(line: str, path: str | Path, number: int, column: int, tag
                 f"{where(path, number)}: word {fields[1]!r} has no {tagset.upper()} tag "
                 f"(column {column + 1} is {fields[column]!r}); tag it or choose the other --tagset."
             )
+
+
+# ---------------------------------------------------------------- words -> model inputs
+
+
+@dataclasses.dataclass
+class Example:
+    """One sentence (or a piece of a long one) as model inputs.
+
+    Attributes:
+        ids: (S,) subword ids of all words, in order.
+        word_index: (S,) the word each subword belongs to.
+        targets: (S,) the word's label id at its first subword, ``IGNORE`` elsewhere.
+        chars: (W,) character ids of each word, with word start and end marks.
+    """
+
+    ids: list[int]
+    word_index: list[int]
+    targets: list[int]
+    chars: list[list[int]]
+
+
+def align_first_subwords(
+    subwords: Sequence[Sequence[int]], labels: Sequence[int] | None = None
+) -> tuple[list[int], list[int], list[int]]:
+    """Flatten per-word subwords and put each word's label on its first subword.
+
+    Args:
+        subwords: the subword ids of each word (a word with none gets ``<unk>``).
+        labels: one label id per word, or None (all targets ``IGNORE``).
+
+    Returns:
+        (ids, word_index, targets), each with one entry per subword.
+    """
+    ids: list[int] = []
+    word_index: list[int] = []
+    targets: list[int] = []
+    for w, pieces in enumerate(subwords):
+        pieces = list(pieces[:MAX_WORD_SUBWORDS]) or [UNK_ID]
+        ids += pieces
+        word_index += [w] * len(pieces)
+        targets += [IGNORE if labels is None else labels[w]] + [IGNORE] * (len(pieces) - 1)
+    return ids, word_index, targets
+
+
+class WordEncoder:
+    """Words -> subword ids (``SubwordTokenizer``) and character ids, as ``Example`` pieces."""
+
+    def __init__(self, tokenizer: SubwordTokenizer, chars: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.chars = list(chars)
+        self.char_ids = {c: i + 4 for i, c in enumerate(self.chars)}  # after the 4 reserved ids
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def train(cls, sentences: Sequence[Sequence[str]], vocab_size: int) -> WordEncoder:
+        """Learn BPE subwords on the sentences and keep characters seen at least twice."""
+        tokenizer = SubwordTokenizer.train((" ".join(s) for s in sentences), vocab_size)
+        counts = Counter(c for s in sentences for w in s for c in w)
+        return cls(tokenizer, sorted(c for c, n in counts.items() if n >= 2))
+
+    @property
+    def n_chars(self) -> int:
+        return len(self.chars) + 4
+
+    def subwords(self, words: Sequence[str]) -> list[list[int]]:
+        """Subword ids of each word on its own, so that no subword spans two words."""
+        new = sorted({w for w in words if w not in self._cache})
+        if new:
+            self._cache.update(zip(new, self.tokenizer.encode_batch(new), strict=True))
+        return [self._cache[w] for w in words]
+
+    def word_chars(self, word: str) -> list[int]:
+        if len(word) > MAX_WORD_CHARS:
+            word = word[:10] + word[-(MAX_WORD_CHARS - 10) :]
+        return [WORD_START, *(self.char_ids.get(c, CHAR_UNK) for c in word), WORD_END]
+
+    def examples(
+        self, words: Sequence[str], labels: Sequence[int] | None, max_len: int
+    ) -> list[Example]:
+        """The sentence as one ``Example``, or as consecutive pieces of at most ``max_len``."""
+        pieces = [p[:MAX_WORD_SUBWORDS] or [UNK_ID] for p in self.subwords(words)]
+        bounds, start, size = [], 0, 0
+        for w, p in enumerate(pieces):
+            if size + len(p) > max_len and w > start:
+                bounds.append((start, w))
+                start, size = w, 0
+            size += len(p)
+        bounds.append((start, len(words)))
+        out = []
+        for start, end in bounds:
+            if end == start:
+                continue
+            part = None if labels is None else labels[start:end]
+            ids, word_index, targets = align_first_subwords(pieces[start:end], part)
+            chars = [self.word_chars(w) for w in words[start:end]]
+            out.append(Example(ids[:max_len], word_index[:max_len], targets[:max_len], chars))
+        return out
+
+    def save(self, run_dir: Path) -> None:
+        self.tokenizer.save(run_dir / TOKENIZER)
+        ckpt.write_json(run_dir / CHARS, {"chars": self.chars})
+
+    @classmethod
+    def load(cls, run_dir: Path) -> WordEncoder:
+        tokenizer = SubwordTokenizer.load(run_dir / TOKENIZER)
+        try:
+            chars = json.loads((run_dir / CHARS).read_text(encoding="utf-8"))["chars"]
+        except (OSError, ValueError, KeyError) as error:
+            raise InputError(f"{run_dir / CHARS}: not a qkv character list ({error})") from None
+        return cls(tokenizer, chars)
+
+
+@dataclasses.dataclass
+class TaggingBatch:
+    """Padded ``Example``s, each distinct word's characters once.
+
+    Attributes:
+        src: (B, S) subword ids, right-padded with ``<pad>``.
+        word_index: (B, S) the row of ``chars`` that holds each subword's word.
+        targets: (B, S) label ids at first subwords, ``IGNORE`` elsewhere.
+        chars: (U, C) character ids of the U distinct words of the batch.
+        n_labels: labelled words (the loss is per word).
+    """
+
+    src: Tensor
+    word_index: Tensor
+    targets: Tensor
+    chars: Tensor
+    n_labels: int
+
+
+def _pad(rows: Sequence[Sequence[int]], value: int) -> Tensor:
+    """Right-pad int lists into a 2-D long tensor in one vectorised step."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    out = np.full((len(rows), int(lengths.max(initial=0))), value, dtype=np.int64)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum())
+    )
+    return torch.from_numpy(out)
+
+
+def collate(examples: Sequence[Example]) -> TaggingBatch:
+    """Pad examples into one batch; a word that recurs ("the", ",") is spelled out once."""
+    rows: dict[tuple[int, ...], int] = {}
+    word_index = []
+    for e in examples:
+        local = [rows.setdefault(tuple(c), len(rows)) for c in e.chars]
+        word_index.append([local[w] for w in e.word_index])
+    targets = _pad([e.targets for e in examples], IGNORE)  # (B, S)
+    return TaggingBatch(
+        src=_pad([e.ids for e in examples], PAD_ID),
+        word_index=_pad(word_index, 0),
+        targets=targets,
+        chars=_pad(list(rows), CHAR_PAD),  # (U, C)
+        n_labels=int((targets != IGNORE).sum()),
+    )

@@ -35,12 +35,8 @@ class TranslationSettings(JobSettings):
 
     train: str | None = option(None, f"training pairs: {DATA_HELP}", metavar="PATH")
     valid: str | None = option(None, "validation pairs, the same way", metavar="PATH")
-    source_lang: str | None = option(
-        None, "suffix of the source files, e.g. de", metavar="LANG"
-    )
-    target_lang: str | None = option(
-        None, "suffix of the target files, e.g. en", metavar="LANG"
-    )
+    source_lang: str | None = option(None, "suffix of the source files, e.g. de", metavar="LANG")
+    target_lang: str | None = option(None, "suffix of the target files, e.g. en", metavar="LANG")
     vocab_size: int = option(8000, "joint subword vocabulary size")
     max_len: int = option(128, "skip pairs longer than this many subwords")
     max_tokens: int = option(

@@ -21,6 +21,7 @@ from qkv.jobs.base import Predictor
 from qkv.model import Transformer
 from qkv.viz.attention import AttentionKind, RunAttention
 
+
 def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
     """sacreBLEU (cased, detokenized, 13a), chrF and the share of exact matches."""
     exact = sum(h == r for h, r in zip(hypotheses, references, strict=True))
@@ -152,5 +153,3 @@ class Translator(Predictor):
         if len(sources) != len(references):
             raise InputError(f"{len(sources)} sources but {len(references)} references")
         return corpus_scores(self.translate(sources), list(references))
-
-

@@ -14,6 +14,7 @@ from qkv.errors import InputError
 from qkv.jobs.translation.data import TranslationBatch, clean_pairs, make_translation_batch
 from qkv.jobs.translation.predict import DecodeOptions, Translator, corpus_scores
 
+
 class TranslationTask:
     """Batches, loss and validation of translation for the ``Trainer``."""
 
@@ -42,9 +43,7 @@ class TranslationTask:
         self.valid_decode = valid_decode or DecodeOptions(beam_size=1)
 
     def train_batches(self, epoch: int, seed: int) -> list[TranslationBatch]:
-        batches = token_batches(
-            self.lengths, self.max_tokens, shuffle=True, seed=seed, epoch=epoch
-        )
+        batches = token_batches(self.lengths, self.max_tokens, shuffle=True, seed=seed, epoch=epoch)
         return [
             make_translation_batch([self.train_src[i] for i in b], [self.train_tgt[i] for i in b])
             for b in batches

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from qkv.config import ModelConfig
 from qkv.embeddings import PositionalEncoding
-from qkv.model import Encoder, _init_weights
+from qkv.model import Encoder, init_weights
 
 
 @dataclass
@@ -127,7 +127,7 @@ class VisionTransformer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.head = nn.Linear(config.d_model, image.n_classes)
-        _init_weights(self, config.d_model)
+        init_weights(self, config.d_model)
         nn.init.normal_(self.cls, std=0.02)
 
     def embed(self, images: Tensor) -> Tensor:

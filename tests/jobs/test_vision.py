@@ -11,25 +11,29 @@ from PIL import Image
 from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.errors import InputError
-from qkv.tasks.vision import (
-    Augmentation,
+from qkv.jobs.vision import (
+    JOB,
     ImageClassifier,
-    VisionTask,
-    digits_labels,
+    ImageConfig,
+    VisionSettings,
+    VisionTransformer,
     digits_splits,
+    image_config,
+    patchify,
+)
+from qkv.jobs.vision.data import (
+    Augmentation,
+    digits_labels,
     image_array,
     read_image_folder,
     shift_images,
     stratified_split,
-    train_vit,
     warp_images,
 )
-from qkv.training import TrainConfig
-from qkv.vision_model import ImageConfig, VisionTransformer, patchify, unpatchify, vit_model_config
+from qkv.jobs.vision.model import unpatchify, vit_model_config
+from qkv.jobs.vision.task import VisionTask
 
 TINY = [
-    "--preset",
-    "tiny",
     "--d-model",
     "16",
     "--n-heads",
@@ -39,8 +43,6 @@ TINY = [
     "--n-encoder-layers",
     "1",
     "--no-progress",
-    "--precision",
-    "fp32",
     "--log-every",
     "1",
 ]
@@ -51,28 +53,23 @@ def tiny_model_config(**overrides):
     return ModelConfig.preset("tiny", **{**values, **overrides})
 
 
-def tiny_train_config(out, **overrides):
-    values = dict(
-        out=str(out),
-        max_steps=6,
-        eval_every=3,
-        log_every=1,
-        warmup_steps=2,
-        lr=3e-3,
-        progress=False,
-        precision="fp32",
-    )
-    return TrainConfig(**{**values, **overrides})
-
-
 def train_cli(*args):
     return main(["train", "vit", *map(str, args), *TINY])
+
+
+def folder_tree(folder):
+    """Every file under ``folder`` with its size and modification time."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("vit") / "run"
-    assert train_cli("--out", out, "--max-steps", 6, "--eval-every", 3, "--warmup-steps", 2) == 0
+    assert train_cli("--out", out, "--max-steps", 4, "--eval-every", 2, "--warmup-steps", 2) == 0
     return out
 
 
@@ -132,6 +129,47 @@ def test_model_reads_cls_plus_patches_and_gives_class_logits():
     torch.testing.assert_close(maps["encoder"].sum(-1), torch.ones(1, 3, 2, 5))
 
 
+# -- settings ---------------------------------------------------------------------------------
+
+
+def test_settings_fill_sizes_from_the_data_and_give_the_image_config():
+    digits = JOB.resolve(VisionSettings())
+    assert (digits.image_size, digits.patch_size) == (8, 2)
+    folder = JOB.resolve(VisionSettings(train="pics", color="rgb", patch_stride=2))
+    assert (folder.image_size, folder.patch_size) == (32, 4)
+    image = image_config(folder, 3)
+    assert (image.channels, image.grid, image.n_classes) == (3, (15, 15), 3)
+    assert JOB.resolve(VisionSettings(train="pics", image_size=16)).image_size == 16
+
+
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        (dict(valid="v"), "--valid needs --train"),
+        (dict(image_size=16), "--image-size needs --train"),
+        (dict(color="rgb"), "--color rgb needs --train"),
+        (dict(valid_fraction=1.0), "--valid-fraction"),
+        (dict(batch_size=0), "--batch-size"),
+        (dict(zoom=1.5), "--zoom"),
+        (dict(patch_size=3), "--patch-size"),
+        (dict(label_smoothing=1.0), "--label-smoothing"),
+    ],
+)
+def test_settings_check_names_the_bad_option(settings, words):
+    with pytest.raises(InputError, match=words):
+        JOB.resolve(VisionSettings(**settings)).check()
+
+
+def test_train_help_shows_only_what_a_vit_uses(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "vit", "--help"])
+    text = capsys.readouterr().out
+    for absent in ("--max-tokens", "--positional", "--n-decoder-layers", "--data "):
+        assert absent not in text, absent
+    for present in ("--train", "--batch-size", "--post-norm", "--patch-size"):
+        assert present in text, present
+
+
 # -- data -------------------------------------------------------------------------------------
 
 
@@ -153,6 +191,14 @@ def test_digit_splits_do_not_overlap():
     # a few digits of load_digits are exact duplicates of one another; nearly none may cross
     assert len(flat["test"] & flat["train"]) <= 2
     assert splits["train"].images.max() <= 1.0 and splits["train"].images.shape[1:] == (1, 8, 8)
+
+
+def test_read_data_of_the_digits_follows_the_split_settings():
+    data = JOB.read_data(JOB.resolve(VisionSettings(split_seed=3, valid_fraction=0.2)))
+    expected = digits_splits(3, 0.2, 0.2)
+    for split in ("train", "valid", "test"):
+        torch.testing.assert_close(data[split].labels, expected[split].labels)
+    assert data["labels"].names == digits_labels().names
 
 
 def test_shifts_move_whole_images_and_depend_only_on_the_seed():
@@ -200,6 +246,17 @@ def test_image_array_converts_paths_pil_images_and_arrays(tmp_path):
     assert image_array(path, rgb).shape == (4, 4, 3)
 
 
+def test_read_image_folder_reuses_a_runs_labels(tmp_path):
+    data = write_class_folders(tmp_path / "data", per_class=2)
+    image = ImageConfig(image_size=4, channels=1, patch_size=2)
+    dataset, labels = read_image_folder(data, image)
+    assert dataset.images.shape == (6, 1, 4, 4) and dataset.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    (data / "new").mkdir()
+    Image.new("L", (4, 4)).save(data / "new" / "a.png")
+    with pytest.raises(InputError, match="never seen"):
+        read_image_folder(data, image, labels)
+
+
 # -- training and using a run -----------------------------------------------------------------
 
 
@@ -207,10 +264,15 @@ def test_cli_run_folder_holds_weights_labels_and_confusion(digits_run):
     for name in ("model.safetensors", "labels.json", "config.json", "confusion.png"):
         assert (digits_run / name).is_file(), name
     config = json.loads((digits_run / "config.json").read_text())
-    assert config["task"] == "vit" and config["data"]["source"] == "digits"
-    assert config["image"]["patch_size"] == 2 and config["model"]["max_len"] == 17
+    assert config["job"] == "vit" and config["settings"]["train"] is None
+    settings = config["settings"]
+    assert (settings["image_size"], settings["patch_size"], settings["batch_size"]) == (8, 2, 64)
+    assert config["model"]["max_len"] == 17 and config["model"]["norm_first"] is True
+    assert config["model"]["n_decoder_layers"] == 0
+    assert config["train"]["lr"] == pytest.approx(1e-3) and config["train"]["precision"] == "fp32"
     summary = json.loads((digits_run / "summary.json").read_text())
-    assert summary["steps"] == 6 and 0 <= summary["test_accuracy"] <= 100
+    assert summary["steps"] == 4 and 0 <= summary["test_accuracy"] <= 100
+    assert summary["test_images"] == len(digits_splits()["test"])
     assert Image.open(digits_run / "confusion.png").format == "PNG"
 
 
@@ -229,136 +291,122 @@ def test_classifier_predicts_files_pil_images_and_arrays_alike(digits_run, tmp_p
     assert classifier.predict([]) == []
 
 
-def test_attention_maps_of_one_image(digits_run, tmp_path):
+def test_batch_size_does_not_change_predictions(digits_run, tmp_path):
+    paths = [str(digit_png(tmp_path, i)) for i in range(5)]
+    together = ImageClassifier.load(digits_run).predict_lines(paths)
+    one_by_one = ImageClassifier.load(digits_run, batch_size=1).predict_lines(paths)
+    assert together == one_by_one
+    lines = ImageClassifier.load(digits_run).predict_lines([paths[0], "", paths[1]])
+    assert lines[1] == "" and lines[0] == together[0] and lines[2] == together[1]
+
+
+def test_attention_of_one_image(digits_run, tmp_path):
     classifier = ImageClassifier.load(digits_run)
     path = digit_png(tmp_path, 3)
-    maps = classifier.attention_maps(path)
-    assert maps["image"].shape == (8, 8) and maps["grid"] == (4, 4)
-    assert maps["encoder"].shape == (1, 2, 17, 17)
-    torch.testing.assert_close(maps["encoder"].sum(-1), torch.ones(1, 2, 17))
-    label, probability = maps["output"]
-    assert (label, pytest.approx(probability, abs=1e-5)) == classifier.predict([path])[0]
+    run = classifier.attention(str(path))
+    assert run.job == "vit" and run.input == str(path)
+    assert run.image.shape == (8, 8) and run.grid == (4, 4)
+    encoder = run.kind("encoder")
+    assert encoder.weights.shape == (1, 2, 17, 17)
+    np.testing.assert_allclose(encoder.weights.sum(-1), np.ones((1, 2, 17)), rtol=1e-5)
+    assert encoder.queries[:3] == ["[CLS]", "(0,0)", "(0,1)"] and encoder.keys[-1] == "(3,3)"
+    label, probability = classifier.predict([path])[0]
+    assert run.output == f"{label} (probability {probability:.2f})"
+    with pytest.raises(InputError, match="no such image file"):
+        classifier.attention(str(tmp_path / "missing.png"))
 
 
 def test_classify_image_prints_file_label_probability(digits_run, tmp_path, capsys):
     files = [digit_png(tmp_path, i) for i in (0, 1, 2)]
-    assert main(["classify-image", "--model", str(digits_run), *map(str, files)]) == 0
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{f}\n" for f in files))
+    capsys.readouterr()
+    command = ["classify-image", "--model", str(digits_run), "--no-progress"]
+    assert main([*command, "--input", str(listing), "--batch-size", "2"]) == 0
     lines = capsys.readouterr().out.strip().split("\n")
     assert len(lines) == 3
     for line, path in zip(lines, files, strict=True):
         name, label, probability = line.split("\t")
         assert name == str(path) and label in digits_labels().names
         assert 0 < float(probability) <= 1
+    output = tmp_path / "labels.tsv"
+    assert main([*command, *map(str, files), "--output", str(output)]) == 0
+    assert output.read_text().strip().split("\n") == lines
 
 
-def test_evaluate_scores_the_held_out_test_split_and_draws_confusion(digits_run, capsys):
-    (digits_run / "confusion.png").unlink()
-    assert main(["evaluate", "--model", str(digits_run), "--json"]) == 0
+def test_evaluate_scores_the_test_split_and_leaves_the_run_folder_alone(
+    digits_run, tmp_path, capsys
+):
+    before = folder_tree(digits_run)
+    pictures = tmp_path / "pictures"
+    capsys.readouterr()
+    command = ["evaluate", "--model", str(digits_run), "--json", "--out", str(pictures)]
+    assert main(command) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["images"] == len(digits_splits()["test"])
     assert 0 <= scores["macro_f1"] <= 100 and 0 <= scores["accuracy"] <= 100
-    assert (digits_run / "confusion.png").is_file()
     summary = json.loads((digits_run / "summary.json").read_text())
     assert scores["accuracy"] == pytest.approx(summary["test_accuracy"])
-
-
-def test_train_vit_from_python(tmp_path):
-    splits = digits_splits()
-    small = {name: s.subset(np.arange(0, len(s), 4)) for name, s in splits.items()}
-    image = ImageConfig(image_size=8, patch_size=4)
-    summary = train_vit(
-        small["train"],
-        small["valid"],
-        digits_labels(),
-        tiny_model_config(),
-        image,
-        tiny_train_config(tmp_path / "run", max_steps=4, eval_every=2),
-        {
-            "source": "digits",
-            "split_seed": 0,
-            "valid_fraction": 0.1,
-            "test_fraction": 0.2,
-            "pixel_max": 16.0,
-        },
-        test=small["test"],
-        batch_size=32,
-    )
-    assert summary["steps"] == 4 and summary["test_images"] == len(small["test"])
-    classifier = ImageClassifier.load(tmp_path / "run")
-    assert classifier.image.grid == (2, 2)
-    scores = classifier.evaluate(small["test"])
-    assert scores["accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert Image.open(pictures / "confusion.png").format == "PNG"
+    assert main(["evaluate", "--model", str(digits_run), "--json"]) == 0
+    assert "confusion" not in json.loads(capsys.readouterr().out)
+    assert folder_tree(digits_run) == before
 
 
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     from safetensors.torch import load_file
 
-    settings = ["--patch-size", 4, "--max-steps", 4, "--eval-every", 2]
-    assert (
-        train_cli("--out", tmp_path / "whole", *settings[:2], "--max-steps", 8, *settings[4:]) == 0
-    )
-    assert train_cli("--out", tmp_path / "split", *settings) == 0
+    settings = ["--patch-size", 4, "--eval-every", 2]
+    assert train_cli("--out", tmp_path / "whole", *settings, "--max-steps", 6) == 0
+    assert train_cli("--out", tmp_path / "split", *settings, "--max-steps", 4) == 0
     # the run's own settings (patch size 4) are used on resume, not the option defaults
-    resumed = ["--out", tmp_path / "split", "--max-steps", 8, "--eval-every", 2, "--resume"]
+    resumed = ["--out", tmp_path / "split", "--max-steps", 6, "--eval-every", 2, "--resume"]
     assert train_cli(*resumed) == 0
+    config = json.loads((tmp_path / "split" / "config.json").read_text())
+    assert config["settings"]["patch_size"] == 4
     summary = json.loads((tmp_path / "split" / "summary.json").read_text())
-    assert summary["steps"] == 8
+    assert summary["steps"] == 6
     with open(tmp_path / "split" / "metrics.csv", newline="") as f:
         steps = [int(row["step"]) for row in csv.DictReader(f)]
-    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 8
+    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 6
     whole = load_file(tmp_path / "whole" / "last.safetensors")
     split = load_file(tmp_path / "split" / "last.safetensors")
     for name, tensor in whole.items():
         torch.testing.assert_close(split[name], tensor, msg=name)
 
 
+def test_post_norm_is_a_default_a_user_can_override(tmp_path):
+    out = tmp_path / "run"
+    assert train_cli("--out", out, "--post-norm", "--patch-size", 4, "--max-steps", 1) == 0
+    assert json.loads((out / "config.json").read_text())["model"]["norm_first"] is False
+    model = ImageClassifier.load(out).model
+    assert model.config.norm_first is False
+
+
 # -- class folders and bad input --------------------------------------------------------------
 
 
-def test_class_folders_train_and_evaluate(tmp_path, capsys):
+def test_class_folders_train_classify_and_evaluate(tmp_path, capsys):
     data = write_class_folders(tmp_path / "data", per_class=5)
     out = tmp_path / "run"
-    assert (
-        train_cli(
-            "--out",
-            out,
-            "--data",
-            data,
-            "--image-size",
-            8,
-            "--patch-size",
-            4,
-            "--color",
-            "rgb",
-            "--valid-fraction",
-            0.2,
-            "--max-steps",
-            4,
-            "--eval-every",
-            2,
-            "--batch-size",
-            4,
-        )
-        == 0
-    )
+    command = ["--out", out, "--train", data, "--image-size", 8, "--patch-size", 4]
+    command += ["--color", "rgb", "--valid-fraction", 0.2, "--batch-size", 4]
+    assert train_cli(*command, "--max-steps", 4, "--eval-every", 2) == 0
     assert json.loads((out / "labels.json").read_text())["labels"] == ["dark", "left", "top"]
-    assert json.loads((out / "config.json").read_text())["image"]["channels"] == 3
+    config = json.loads((out / "config.json").read_text())
+    assert config["settings"]["color"] == "rgb" and config["settings"]["train"] == str(data)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["valid_images"] == 3 and "test_accuracy" not in summary
     capsys.readouterr()
+    picture = data / "top" / "0.png"
+    answer = tmp_path / "answer.tsv"
+    assert main(["classify-image", "--model", str(out), str(picture), "--output", str(answer)]) == 0
+    name, label, _ = answer.read_text().strip().split("\t")
+    assert name == str(picture) and label in ("dark", "left", "top")
     assert main(["evaluate", "--model", str(out), "--data", str(data), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["images"] == 15
     assert main(["evaluate", "--model", str(out)]) == 2
     assert "--data FOLDER" in capsys.readouterr().err
-
-
-def test_read_image_folder_reuses_a_runs_labels(tmp_path):
-    data = write_class_folders(tmp_path / "data", per_class=2)
-    image = ImageConfig(image_size=4, channels=1, patch_size=2)
-    dataset, labels = read_image_folder(data, image)
-    assert dataset.images.shape == (6, 1, 4, 4) and dataset.labels.tolist() == [0, 0, 1, 1, 2, 2]
-    (data / "new").mkdir()
-    Image.new("L", (4, 4)).save(data / "new" / "a.png")
-    with pytest.raises(InputError, match="never seen"):
-        read_image_folder(data, image, labels)
 
 
 def one_line_error(capsys, code):
@@ -372,27 +420,30 @@ def one_line_error(capsys, code):
 def test_empty_class_folder_is_one_clear_error(tmp_path, capsys):
     data = write_class_folders(tmp_path / "data", per_class=2)
     (data / "zebra").mkdir()
-    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--data", data))
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--train", data))
     assert str(data / "zebra") in line and "empty class folder" in line
 
 
 def test_unreadable_image_is_one_clear_error(tmp_path, capsys):
     data = write_class_folders(tmp_path / "data", per_class=2)
     (data / "top" / "broken.png").write_bytes(b"this is not a picture")
-    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--data", data))
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--train", data))
     assert str(data / "top" / "broken.png") in line
 
 
 def test_folder_without_class_folders_is_one_clear_error(tmp_path, capsys):
     (tmp_path / "flat").mkdir()
     Image.new("L", (4, 4)).save(tmp_path / "flat" / "a.png")
-    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--data", tmp_path / "flat"))
-    assert str(tmp_path / "flat") in line and "no class folders" in line
+    flat = tmp_path / "flat"
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--train", flat))
+    assert str(flat) in line and "no class folders" in line
 
 
-def test_bad_sizes_and_files_are_one_clear_error(tmp_path, capsys, digits_run):
+def test_bad_options_and_files_are_one_clear_error(tmp_path, capsys, digits_run):
     line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--patch-size", 3))
     assert "patch" in line
+    line = one_line_error(capsys, train_cli("--out", tmp_path / "run", "--color", "rgb"))
+    assert "--color rgb needs --train FOLDER" in line
     missing = tmp_path / "missing.png"
     line = one_line_error(
         capsys, main(["classify-image", "--model", str(digits_run), str(missing)])

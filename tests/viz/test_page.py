@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkv.explain import AttentionKind, RunAttention, run_attention
-from qkv.viz_html import attention_page, write_attention_page
+import qkv.viz
+from qkv.viz.attention import AttentionKind, RunAttention, run_attention
+from qkv.viz.page import attention_page, static_text, write_attention_page
 
-from .test_viz import tiny_translation_run
+from .conftest import SENTENCE
 
-SENTENCE = "the cat swims"
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMEDRIVER = ("chromedriver", "/usr/lib/chromium/chromedriver")
 FLAGS = (
@@ -28,8 +28,8 @@ FLAGS = (
 
 
 @pytest.fixture(scope="module")
-def maps(tmp_path_factory):
-    return run_attention(tiny_translation_run(tmp_path_factory), SENTENCE)
+def maps(translation_run):
+    return run_attention(translation_run, SENTENCE)
 
 
 def embedded(page: str) -> dict:
@@ -56,6 +56,19 @@ def test_page_is_self_contained_and_embeds_every_weight(maps):
         assert stored["queries"] == kind.queries and stored["keys"] == kind.keys
         np.testing.assert_allclose(np.array(stored["weights"]), kind.weights, atol=5e-5)
     assert data["output"] == maps.output and data["image"] is None
+    assert data["job"] == "translation"
+
+
+def test_page_inlines_the_script_and_style_files(maps):
+    """The code is package data (qkv/viz/static), read through importlib.resources."""
+    static = Path(qkv.viz.__file__).parent / "static"
+    script = (static / "explorer.js").read_text(encoding="utf-8")
+    style = (static / "explorer.css").read_text(encoding="utf-8")
+    assert "attention-data" in script and "#heatmap" in style
+    assert static_text("explorer.js") == script and static_text("explorer.css") == style
+    page = attention_page(maps)
+    assert f"<script>\n{script}</script>" in page
+    assert f"<style>\n{style}</style>" in page
 
 
 def test_tokens_cannot_break_out_of_the_page():

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from qkv.errors import InputError
-from qkv.tasks.translation import Translator, corpus_scores, train_translation
+from qkv.jobs.translation import Translator, corpus_scores
 
-from .helpers import tiny_model_config, tiny_pairs, tiny_train_config
+from ..helpers import tiny_pairs, train_tiny_translation
 
 
 @pytest.fixture(scope="module")
@@ -12,14 +12,8 @@ def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("translation") / "run"
     splits = tiny_pairs(n_train=300)
     torch.manual_seed(0)
-    train_translation(
-        splits["train"],
-        splits["valid"],
-        tiny_model_config(),
-        tiny_train_config(out, max_steps=30, eval_every=15),
-        vocab_size=200,
-        max_len=40,
-    )
+    data = {"train": splits["train"], "valid": splits["valid"]}
+    train_tiny_translation(out, data=data, max_steps=30, eval_every=15)
     return out
 
 
@@ -68,14 +62,8 @@ def test_load_refuses_what_is_not_a_translation_run(tmp_path):
 def test_empty_and_overlong_pairs_are_skipped_and_counted(tmp_path, capsys):
     splits = tiny_pairs(n_train=100)
     train = splits["train"] + [("", "x"), ("y", "  "), (" ".join(["dog"] * 80), "z")]
-    summary = train_translation(
-        train,
-        splits["valid"],
-        tiny_model_config(),
-        tiny_train_config(tmp_path / "run", max_steps=1),
-        vocab_size=200,
-        max_len=40,
-    )
+    data = {"train": train, "valid": splits["valid"]}
+    summary = train_tiny_translation(tmp_path / "run", data=data, max_steps=1)
     assert summary["steps"] == 1
     out = capsys.readouterr().out
     assert "skipped 2 pairs with an empty side and 1 over --max-len 40; 100 kept" in out

@@ -1,78 +1,23 @@
-import argparse
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from matplotlib.image import AxesImage
 
-from qkv import cli, viz
-from qkv.commands import attention as attention_commands
 from qkv.demo import write_demo_pictures
-from qkv.embeddings import sinusoid_table
-from qkv.explain import AttentionKind, RunAttention, run_attention
-from qkv.tasks.translation import train_translation
-from qkv.viz import (
-    attention_pictures,
-    heatmap_figure,
-    patch_overlay_figure,
-    positional_encoding_figure,
-    read_metrics,
-    training_curves_figure,
-)
+from qkv.viz import heatmaps
+from qkv.viz.attention import AttentionKind, RunAttention, run_attention
+from qkv.viz.heatmaps import attention_pictures, heatmap_figure, patch_overlay_figure
 
-from .helpers import tiny_model_config, tiny_pairs, tiny_train_config
-
-SENTENCE = "the cat swims"
-_RUNS: dict[str, Path] = {}
-
-
-def tiny_translation_run(tmp_path_factory) -> Path:
-    """One small trained translator (2 encoder layers, 1 decoder layer, 2 heads) per session.
-
-    The other picture tests import this, so the run is trained once.
-    """
-    key = str(tmp_path_factory.getbasetemp())
-    if key not in _RUNS:
-        out = tmp_path_factory.mktemp("attention") / "run"
-        splits = tiny_pairs(n_train=200)
-        torch.manual_seed(0)
-        train_translation(
-            splits["train"],
-            splits["valid"],
-            tiny_model_config(n_encoder_layers=2),
-            tiny_train_config(out, max_steps=12, eval_every=6),
-            vocab_size=200,
-            max_len=40,
-        )
-        _RUNS[key] = out
-    return _RUNS[key]
-
-
-def qkv(argv: list[str]) -> int:
-    """The ``qkv`` command line with the picture commands registered."""
-    parser = argparse.ArgumentParser(prog="qkv")
-    commands = parser.add_subparsers(dest="command", required=True)
-    attention_commands.register(commands, None)
-    original = cli.build_parser
-    cli.build_parser = lambda: parser
-    try:
-        return cli.main(argv)
-    finally:
-        cli.build_parser = original
+from .conftest import SENTENCE, qkv
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return tiny_translation_run(tmp_path_factory)
+def maps(translation_run):
+    return run_attention(translation_run, SENTENCE)
 
 
-@pytest.fixture(scope="module")
-def maps(run_dir):
-    return run_attention(run_dir, SENTENCE)
-
-
-def heatmaps(figure):
+def heatmap_axes(figure):
     """The axes of a figure that hold a heatmap (not the colour bar)."""
     return [ax for ax in figure.axes if any(isinstance(i, AxesImage) for i in ax.images)]
 
@@ -82,6 +27,7 @@ def labels(ticks):
 
 
 def test_run_attention_of_a_translator(maps):
+    assert maps.job == "translation"
     assert [k.name for k in maps.kinds] == ["encoder", "decoder", "cross"]
     encoder, decoder, cross = maps.kinds
     S, T = len(encoder.keys), len(decoder.keys)
@@ -106,7 +52,7 @@ def test_one_figure_per_kind_and_layer_with_a_panel_per_head(maps, tmp_path):
     assert all(p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG" for p in paths)
     cross = maps.kind("cross")
     figure = heatmap_figure(cross.weights[0], cross.queries, cross.keys, cross.title)
-    panels = heatmaps(figure)
+    panels = heatmap_axes(figure)
     assert len(panels) == 2
     for ax in panels:
         assert labels(ax.get_xticklabels()) == cross.keys
@@ -115,8 +61,8 @@ def test_one_figure_per_kind_and_layer_with_a_panel_per_head(maps, tmp_path):
 
 
 def test_layer_and_head_give_one_large_heatmap(maps, tmp_path, monkeypatch):
-    monkeypatch.setattr(viz, "save_figure", lambda figure, path: Path(path))  # names only
-    monkeypatch.setattr(viz, "heatmap_figure", lambda weights, *args: len(weights))
+    monkeypatch.setattr(heatmaps, "save_figure", lambda figure, path: Path(path))  # names only
+    monkeypatch.setattr(heatmaps, "heatmap_figure", lambda weights, *args: len(weights))
     paths = attention_pictures(maps, tmp_path, layer=1, head=1)
     assert [p.name for p in paths] == ["encoder_layer1_head1.png"]  # the decoder has 1 layer
     paths = attention_pictures(maps, tmp_path, layer=0, head=0)
@@ -135,7 +81,7 @@ def test_layer_and_head_give_one_large_heatmap(maps, tmp_path, monkeypatch):
     monkeypatch.undo()
     encoder = maps.kind("encoder")
     figure = heatmap_figure(encoder.weights[1, [1]], encoder.queries, encoder.keys, "t", [1])
-    (ax,) = heatmaps(figure)
+    (ax,) = heatmap_axes(figure)
     assert ax.get_title() == "head 1"
     np.testing.assert_array_equal(ax.images[0].get_array(), encoder.weights[1, 1])
 
@@ -143,8 +89,8 @@ def test_layer_and_head_give_one_large_heatmap(maps, tmp_path, monkeypatch):
 def test_tokens_are_drawn_as_they_are():
     keys = ["$x$", "a_b", "</s>"]
     figure = heatmap_figure(np.full((3, 3, 3), 1 / 3), keys, keys, "odd tokens")
-    assert len(heatmaps(figure)) == 3
-    assert labels(heatmaps(figure)[2].get_xticklabels()) == keys
+    assert len(heatmap_axes(figure)) == 3
+    assert labels(heatmap_axes(figure)[2].get_xticklabels()) == keys
 
 
 def test_cls_attention_over_the_image(tmp_path):
@@ -153,7 +99,7 @@ def test_cls_attention_over_the_image(tmp_path):
     tokens = ["[CLS]"] + [f"({r},{c})" for r in range(4) for c in range(4)]
     image = rng.random((8, 8)).astype(np.float32)
     maps = RunAttention(
-        "vit",
+        "images",
         "digit.png",
         "7 (probability 0.90)",
         [AttentionKind("encoder", weights, tokens, tokens)],
@@ -174,27 +120,10 @@ def test_cls_attention_over_the_image(tmp_path):
     assert [p.name for p in paths] == ["vit_layer1_head2.png"]
 
 
-def test_training_curves(run_dir):
-    metrics = read_metrics(run_dir / "metrics.csv")
-    assert {"train_loss", "val_loss", "val_bleu", "lr"} <= set(metrics)
-    figure = training_curves_figure(metrics, "run")
-    titles = [ax.get_title() for ax in figure.axes]
-    assert titles == ["loss", "bleu", "chrf", "exact_match", "learning rate"]
-    steps = [x for x, _ in metrics["val_loss"]]
-    assert steps == [6.0, 12.0]
-    np.testing.assert_array_equal(figure.axes[0].lines[1].get_xdata(), steps)
-
-
-def test_positional_encoding_figure():
-    figure = positional_encoding_figure(50, 16)
-    table = figure.axes[0].images[0].get_array()
-    np.testing.assert_array_equal(table, sinusoid_table(50, 16).numpy())
-
-
-def test_attention_command_writes_and_prints_the_paths(run_dir, tmp_path, capsys):
+def test_attention_command_writes_and_prints_the_paths(translation_run, tmp_path, capsys):
     out, page = tmp_path / "pictures", tmp_path / "page.html"
-    argv = ["attention", "--model", str(run_dir), SENTENCE, "--out", str(out), "--layer", "1"]
-    assert qkv([*argv, "--head", "1", "--html", str(page)]) == 0
+    argv = ["attention", "--model", translation_run, SENTENCE, "--out", out, "--layer", "1"]
+    assert qkv(*argv, "--head", "1", "--html", page) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("output: ")
     assert printed[1:] == [str(out / "encoder_layer1_head1.png"), str(page)]
@@ -202,71 +131,35 @@ def test_attention_command_writes_and_prints_the_paths(run_dir, tmp_path, capsys
     assert sorted(p.name for p in out.iterdir()) == ["encoder_layer1_head1.png"]
 
 
-def test_plot_command(run_dir, tmp_path, capsys):
-    assert qkv(["plot", str(run_dir)]) == 0
-    assert (run_dir / "curves.png").is_file()
-    png = tmp_path / "pe.png"
-    assert (
-        qkv(
-            [
-                "plot",
-                "--positional-encoding",
-                "--max-len",
-                "20",
-                "--d-model",
-                "8",
-                "--out",
-                str(png),
-            ]
-        )
-        == 0
-    )
-    assert png.is_file() and capsys.readouterr().out.split() == [
-        str(run_dir / "curves.png"),
-        str(png),
-    ]
-
-
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["attention", "--model", "{run}", SENTENCE], "nothing to write"),
-        (
-            ["attention", "--model", "{run}", SENTENCE, "--out", "{tmp}", "--layer", "5"],
-            "--layer 5 is out of range",
-        ),
-        (
-            ["attention", "--model", "{run}", SENTENCE, "--out", "{tmp}", "--head", "2"],
-            "--head 2 is out of range",
-        ),
-        (["attention", "--model", "{run}", " ", "--out", "{tmp}"], "the input is empty"),
-        (["attention", "--model", "{tmp}/none", SENTENCE, "--out", "{tmp}"], "no such run"),
-        (["plot", "{tmp}"], "config.json: missing"),
-        (["plot"], "give a RUN_DIR"),
-        (
-            ["plot", "--positional-encoding", "--out", "{tmp}/pe.png", "--d-model", "7"],
-            "--d-model 7",
-        ),
+        (["{run}", SENTENCE], "nothing to write"),
+        (["{run}", SENTENCE, "--out", "{tmp}", "--layer", "5"], "--layer 5 is out of range"),
+        (["{run}", SENTENCE, "--out", "{tmp}", "--head", "2"], "--head 2 is out of range"),
+        (["{run}", " ", "--out", "{tmp}"], "the input is empty"),
+        (["{tmp}/none", SENTENCE, "--out", "{tmp}"], "{tmp}/none"),
     ],
 )
-def test_mistakes_are_one_clear_line(run_dir, tmp_path, capsys, argv, message):
-    argv = [a.format(run=run_dir, tmp=tmp_path) for a in argv]
-    assert qkv(argv) == 2
+def test_attention_mistakes_are_one_clear_line(translation_run, tmp_path, capsys, argv, message):
+    argv = [a.format(run=translation_run, tmp=tmp_path) for a in argv]
+    assert qkv("attention", "--model", *argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("qkv: error: ") and message in err
+    assert err.count("\n") == 1 and err.startswith("qkv: error: ")
+    assert message.format(tmp=tmp_path) in err
 
 
-def test_write_demo_pictures(run_dir, monkeypatch):
+def test_write_demo_pictures(translation_run, tmp_path, monkeypatch):
     drawn = []
 
     def save(figure, path):  # the drawing itself is tested above; here what goes where
-        drawn.append(len(heatmaps(figure)))
+        drawn.append(len(heatmap_axes(figure)))
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(b"")
         return Path(path)
 
-    monkeypatch.setattr(viz, "save_figure", save)
-    paths = write_demo_pictures(run_dir, SENTENCE)
+    monkeypatch.setattr(heatmaps, "save_figure", save)
+    paths = write_demo_pictures(translation_run, SENTENCE)
     assert [p.name for p in paths] == [
         "encoder_layer0.png",
         "encoder_layer1.png",
@@ -275,5 +168,5 @@ def test_write_demo_pictures(run_dir, monkeypatch):
         "attention.html",
     ]
     assert drawn == [2, 2, 2, 2]
-    assert all(p.parent == run_dir / "attention" and p.is_file() for p in paths)
+    assert all(p.parent == translation_run / "attention" and p.is_file() for p in paths)
     assert "encoder-decoder attention" in paths[-1].read_text(encoding="utf-8")

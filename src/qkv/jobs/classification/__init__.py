@@ -1,0 +1,314 @@
+"""Sentence classification on the encoder alone: one label per text, e.g. its sentiment.
+
+A text becomes subwords, after a ``[CLS]`` token when pooling by it; the encoder's outputs are
+pooled into one vector (the ``[CLS]`` position, or the mean over the real tokens) and a linear
+layer scores the labels. The encoder can first learn the language as a masked language model
+on the training and unlabeled text (``--pretrain-steps``), or start from an earlier run's
+pretrained encoder (``--pretrained``), and is then fine-tuned on the labeled data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qkv.config import ModelConfig, option
+from qkv.data import PAD_ID, SubwordTokenizer
+from qkv.errors import InputError
+from qkv.jobs.base import ENCODER_OPTIONS, Job, JobSettings
+from qkv.jobs.classification.data import (
+    FORMATS,
+    LabeledTexts,
+    encode_texts,
+    read_labeled,
+    read_split,
+    read_texts,
+)
+from qkv.jobs.classification.model import (
+    POOLINGS,
+    MaskedLanguageModel,
+    SequenceClassifier,
+    load_encoder,
+)
+from qkv.jobs.classification.predict import CONFUSION, Classifier, ClassifyOptions
+from qkv.jobs.classification.pretrain import (
+    pretrain_config,
+    pretrain_encoder,
+    pretrained_config,
+    pretrained_weights,
+)
+from qkv.jobs.classification.task import ClassificationTask, MaskedLMTask
+from qkv.labels import LABELS, LabelVocab
+from qkv.training import TrainConfig
+
+TOKENIZER = "tokenizer.json"
+FORMAT_HELP = (
+    "auto (by suffix and first line), tsv (label<TAB>text), csv (label,text) or sst2 "
+    "(label text); a header row like label<TAB>text is detected"
+)
+
+
+@dataclass
+class ClassifierSettings(JobSettings):
+    """Data, vocabulary and pretraining of a classification run."""
+
+    train: str | None = option(None, "training texts, one labeled text a line", metavar="PATH")
+    valid: str | None = option(None, "validation texts, the same way", metavar="PATH")
+    label_smoothing: float = option(0.0, "label smoothing of the cross-entropy (0 disables)")
+    format: str = option("auto", FORMAT_HELP, choices=FORMATS)
+    pooling: str = option(
+        "mean",
+        "one vector per text: a [CLS] token's output or the mean of the token outputs",
+        choices=POOLINGS,
+    )
+    vocab_size: int = option(8000, "subword vocabulary size")
+    max_len: int = option(256, "subwords kept per text, [CLS] included; longer texts are cut")
+    max_tokens: int = option(2048, "tokens per batch, padding included (batches built by length)")
+    # Chance that a word token is replaced by <unk> while training (regularisation).
+    word_dropout: float = option(0.0, "chance that a training word is replaced by <unk>")
+    unlabeled: list[str] = option(
+        [],
+        "unlabeled text, one a line, for the vocabulary and pretraining (repeatable)",
+        metavar="FILE",
+    )
+    pretrain_steps: int = option(
+        0, "masked-language-model steps before fine-tuning; 0 skips pretraining"
+    )
+    pretrain_time: float | None = option(
+        None, "seconds of pretraining at most (with or instead of --pretrain-steps)", metavar="X"
+    )
+    pretrain_max_tokens: int | None = option(
+        None, "tokens per pretraining batch; none takes --max-tokens", metavar="N"
+    )
+    pretrain_lr: float | None = option(
+        None, "peak learning rate of pretraining; none takes --lr", metavar="X"
+    )
+    pretrained: str | None = option(
+        None,
+        "start from the vocabulary and pretrained encoder of an earlier run trained with "
+        "--pretrain-steps (e.g. another seed)",
+        metavar="RUN",
+    )
+    mask_prob: float = option(0.15, "share of words the masked language model predicts")
+    # Unlabeled text is plentiful next to the labeled data, so the language model needs less
+    # dropout than the classifier.
+    pretrain_dropout: float = option(0.1, "dropout while pretraining")
+
+    def check(self) -> None:
+        super().check()
+        if self.vocab_size < 8 or self.max_len < 2 or self.max_tokens < 1:
+            raise InputError(
+                f"--vocab-size {self.vocab_size}, --max-len {self.max_len} and --max-tokens "
+                f"{self.max_tokens} must be positive (a vocabulary of at least 8, 2 subwords)"
+            )
+        ranges = {
+            "--word-dropout": (self.word_dropout, 0.0 <= self.word_dropout < 1.0, "in [0, 1)"),
+            "--mask-prob": (self.mask_prob, 0.0 < self.mask_prob < 1.0, "in (0, 1)"),
+            "--pretrain-dropout": (
+                self.pretrain_dropout,
+                0.0 <= self.pretrain_dropout < 1.0,
+                "in [0, 1)",
+            ),
+            "--pretrain-steps": (self.pretrain_steps, self.pretrain_steps >= 0, "0 or more"),
+        }
+        for flag, (value, fine, allowed) in ranges.items():
+            if not fine:
+                raise InputError(f"{flag} {value} must be {allowed}")
+        for flag, value in (
+            ("--pretrain-lr", self.pretrain_lr),
+            ("--pretrain-time", self.pretrain_time),
+            ("--pretrain-max-tokens", self.pretrain_max_tokens),
+        ):
+            if value is not None and value <= 0:
+                raise InputError(f"{flag} {value} must be positive")
+        if self.pretrained is not None:
+            if self.pretrains:
+                raise InputError(
+                    "give either --pretrain-steps/--pretrain-time (pretrain here) or "
+                    "--pretrained RUN, not both"
+                )
+            pretrained_weights(self.pretrained)
+
+    @property
+    def pretrains(self) -> bool:
+        """Whether this run pretrains its encoder itself."""
+        return bool(self.pretrain_steps) or self.pretrain_time is not None
+
+
+@dataclass
+class Prepared:
+    """What a classification run learns from its training data before the model."""
+
+    tokenizer: SubwordTokenizer
+    labels: LabelVocab
+
+
+class ClassifierJob(Job):
+    name = "classifier"
+    summary = "one label per text (e.g. sentiment): labeled lines in, a classifier out"
+    description = (
+        "Train a sentence classifier on the encoder alone. A subword vocabulary is learned "
+        "from the training text (and --unlabeled text) and saved in the run; the encoder can "
+        "first be pretrained as a masked language model (--pretrain-steps)."
+    )
+    Settings = ClassifierSettings
+    PredictOptions = ClassifyOptions
+    predict_command = "classify"
+    predict_help = "label texts, one a line, with a trained classifier"
+    predict_description = (
+        "Read texts, one a line, and write label<TAB>probability for each line (an empty line "
+        "gives an empty line)."
+    )
+    model_options = ENCODER_OPTIONS
+    preset = "small"
+    train_defaults = {"max_steps": 3000, "eval_every": 200, "warmup_steps": 200, "patience": 10}
+
+    def read_data(self, settings: ClassifierSettings) -> dict[str, Any]:
+        """Train and valid ``LabeledTexts`` and the unlabeled texts; checks the valid labels."""
+        train = read_split(settings.train, settings.format, "--train")
+        valid = read_split(settings.valid, settings.format, "--valid")
+        known = LabelVocab.from_data(train.labels)
+        for i, label in enumerate(valid.labels):
+            known.id(label, valid.where(i))  # an unknown label is an InputError, on every rank
+        unlabeled = [text for path in settings.unlabeled for text in read_texts(path)]
+        return {"train": train, "valid": valid, "unlabeled": unlabeled}
+
+    def prepare(self, settings: ClassifierSettings, data: Any, run_dir: Path) -> Prepared:
+        """Learn (or take the pretrained run's) tokenizer, learn the labels; save both."""
+        if settings.pretrained is not None:
+            tokenizer = SubwordTokenizer.load(Path(settings.pretrained) / TOKENIZER)
+        else:
+            texts = [*data["train"].texts, *data.get("unlabeled", [])]
+            tokenizer = SubwordTokenizer.train(texts, settings.vocab_size)
+        labels = LabelVocab.from_data(data["train"].labels)
+        tokenizer.save(run_dir / TOKENIZER)
+        labels.save(run_dir / LABELS)
+        return Prepared(tokenizer, labels)
+
+    def load_prepared(self, settings: ClassifierSettings, run_dir: Path) -> Prepared:
+        return Prepared(
+            SubwordTokenizer.load(run_dir / TOKENIZER), LabelVocab.load(run_dir / LABELS)
+        )
+
+    def model_config(
+        self, config: ModelConfig, settings: ClassifierSettings, prepared: Prepared
+    ) -> ModelConfig:
+        """An encoder alone, its vocabulary the tokenizer's and <mask>; or the pretrained one's."""
+        if settings.pretrained is not None:
+            return pretrained_config(config, settings.pretrained)
+        return dataclasses.replace(
+            config,
+            src_vocab_size=prepared.tokenizer.vocab_size + 1,  # + <mask>
+            tgt_vocab_size=prepared.tokenizer.vocab_size + 1,
+            n_decoder_layers=0,
+            pad_id=PAD_ID,
+            max_len=max(config.max_len, settings.max_len),
+        )
+
+    def build_model(
+        self, config: ModelConfig, settings: ClassifierSettings, prepared: Prepared
+    ) -> SequenceClassifier:
+        return SequenceClassifier(config, len(prepared.labels), settings.pooling)
+
+    def before_fit(
+        self,
+        model: SequenceClassifier,
+        settings: ClassifierSettings,
+        prepared: Prepared,
+        data: Any,
+        train_config: TrainConfig,
+        device: str | torch.device | None = None,
+    ) -> dict[str, Any]:
+        """Pretrain the encoder (``--pretrain-steps``) or copy the ``--pretrained`` one.
+
+        ``device`` is where the pretraining runs (default: as the ``Trainer`` chooses).
+        """
+        if settings.pretrained is not None:
+            load_encoder(model, pretrained_weights(settings.pretrained))
+            return {"pretraining": None}
+        if not settings.pretrains:
+            return {"pretraining": None}
+        cls = settings.pooling == "cls"
+        texts = [*data["train"].texts, *data.get("unlabeled", [])]
+        train_ids = encode_texts(prepared.tokenizer, texts, settings.max_len, cls)
+        valid_ids = encode_texts(prepared.tokenizer, data["valid"].texts, settings.max_len, cls)
+        config = pretrain_config(
+            train_config,
+            settings.pretrain_steps or 1_000_000,
+            settings.pretrain_lr,
+            Path(train_config.out),
+            settings.pretrain_time,
+        )
+        summary = pretrain_encoder(
+            model,
+            train_ids,
+            valid_ids,
+            config,
+            settings.mask_prob,
+            settings.pretrain_max_tokens or settings.max_tokens,
+            settings.pretrain_dropout,
+            device,
+        )
+        return {"pretraining": summary}
+
+    def build_task(
+        self, settings: ClassifierSettings, prepared: Prepared, data: Any
+    ) -> ClassificationTask:
+        cls = settings.pooling == "cls"
+        splits = []
+        for texts in (data["train"], data["valid"]):
+            ids = encode_texts(prepared.tokenizer, texts.texts, settings.max_len, cls)
+            labels = [
+                prepared.labels.id(label, texts.where(i)) for i, label in enumerate(texts.labels)
+            ]
+            splits.append((ids, labels))
+        return ClassificationTask(
+            *splits,
+            len(prepared.labels),
+            settings.max_tokens,
+            settings.label_smoothing,
+            settings.word_dropout,
+        )
+
+    def finish(
+        self, predictor: Classifier, settings: ClassifierSettings, data: Any, run_dir: Path
+    ) -> dict[str, Any]:
+        """The confusion matrix of the validation set, drawn into the run folder."""
+        scores = predictor.evaluate(data["valid"], run_dir / CONFUSION)
+        return {"confusion_png": scores["confusion_png"]}
+
+    def report(self, summary: dict[str, Any], run_dir: Path) -> str:
+        best = summary.get("best_val_accuracy")
+        accuracy = f"accuracy {best:.2f}%; " if best is not None else ""
+        return f"best validation {accuracy}run folder {run_dir}; confusion matrix in {CONFUSION}"
+
+    def predictor(
+        self,
+        model: SequenceClassifier,
+        settings: ClassifierSettings,
+        prepared: Prepared,
+        **options: Any,
+    ) -> Classifier:
+        return Classifier(
+            model, prepared.tokenizer, prepared.labels, settings, ClassifyOptions(**options)
+        )
+
+
+JOB = ClassifierJob()
+
+__all__ = [
+    "JOB",
+    "ClassificationTask",
+    "Classifier",
+    "ClassifierSettings",
+    "ClassifyOptions",
+    "LabeledTexts",
+    "MaskedLMTask",
+    "MaskedLanguageModel",
+    "SequenceClassifier",
+    "read_labeled",
+]

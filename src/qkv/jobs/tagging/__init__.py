@@ -1,0 +1,199 @@
+"""Part-of-speech tagging: one label per word, read from CoNLL-U, on the encoder-only model.
+
+The subword vocabulary and the characters are learned from the training words, the labels
+from the training and validation tags; all three are saved in the run folder. Each word's
+tag is predicted at its first subword (``qkv.jobs.tagging.model``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from torch import nn
+
+from qkv.config import ModelConfig, option
+from qkv.data import PAD_ID
+from qkv.errors import InputError
+from qkv.jobs.base import ENCODER_OPTIONS, Job, JobSettings
+from qkv.jobs.tagging.data import (
+    IGNORE,
+    MAX_WORD_SUBWORDS,
+    TAGSETS,
+    TaggedSentence,
+    WordEncoder,
+    align_first_subwords,
+    read_conllu,
+)
+from qkv.jobs.tagging.model import CharEncoder, TaggerModel
+from qkv.jobs.tagging.predict import CONFUSION, Tagger, TagOptions
+from qkv.jobs.tagging.task import TaggingTask
+from qkv.labels import LABELS, LabelVocab
+
+
+@dataclass
+class TaggerSettings(JobSettings):
+    """Data, vocabulary and word encoder of a tagging run."""
+
+    train: str | None = option(None, "training sentences, CoNLL-U", metavar="PATH")
+    valid: str | None = option(None, "validation sentences, CoNLL-U", metavar="PATH")
+    tagset: str = option(
+        "upos",
+        "upos: universal tags (column 4); xpos: language-specific tags (column 5)",
+        choices=tuple(TAGSETS),
+    )
+    vocab_size: int = option(4000, "subword vocabulary size")
+    max_len: int = option(
+        128, "longest piece in subwords; longer sentences are cut between words into pieces"
+    )
+    max_tokens: int = option(
+        2000, "subwords per training batch, padding included (batches are built by length)"
+    )
+    char_dim: int = option(
+        64, "width of the character embeddings of the word encoder; 0: subwords only"
+    )
+    token_dropout: float = option(
+        0.1,
+        "share of subwords hidden as <unk> while training, so that unseen words are tagged "
+        "from characters and context",
+    )
+
+    def check(self) -> None:
+        super().check()
+        if self.tagset not in TAGSETS:
+            raise InputError(f"--tagset {self.tagset!r} is not one of {', '.join(TAGSETS)}")
+        if self.vocab_size < 8:
+            raise InputError(f"--vocab-size {self.vocab_size} must be at least 8")
+        if self.max_len < 1:
+            raise InputError(f"--max-len {self.max_len} must be at least 1")
+        if self.max_tokens < 1:
+            raise InputError(f"--max-tokens {self.max_tokens} must be at least 1")
+        if self.char_dim < 0:
+            raise InputError(f"--char-dim {self.char_dim} must be 0 (no characters) or more")
+        if not 0 <= self.token_dropout < 1:
+            raise InputError(f"--token-dropout {self.token_dropout} must be in [0, 1)")
+
+
+class TaggerInputs(NamedTuple):
+    """What a tagging run learns from its data before training (its prepared inputs)."""
+
+    encoder: WordEncoder
+    labels: LabelVocab
+
+
+class TaggerJob(Job):
+    name = "tagger"
+    summary = "one label per word: CoNLL-U in, a part-of-speech tagger out"
+    description = (
+        "Train a part-of-speech tagger on CoNLL-U files. Words are split into subwords "
+        "(learned from the training words) and read by their characters too; each word's tag "
+        "is predicted at its first subword. The best weights tag --valid into confusion.png "
+        "in the run folder."
+    )
+    Settings = TaggerSettings
+    PredictOptions = TagOptions
+    predict_command = "tag"
+    predict_help = "tag sentences, one a line, with a trained tagger"
+    predict_description = (
+        "Read sentences, one a line, words split on whitespace, and write `word/TAG ...` "
+        "lines (an empty line gives an empty line) or CoNLL-U blocks."
+    )
+    model_options = ENCODER_OPTIONS
+    preset = "small"
+    train_defaults = {"max_steps": 20000, "eval_every": 500, "warmup_steps": 500, "lr": 1e-3}
+
+    def read_data(self, settings: TaggerSettings) -> dict[str, list[TaggedSentence]]:
+        return {
+            "train": read_conllu(settings.train, settings.tagset, "--train"),
+            "valid": read_conllu(settings.valid, settings.tagset, "--valid"),
+        }
+
+    def prepare(self, settings: TaggerSettings, data: Any, run_dir: Path) -> TaggerInputs:
+        encoder = WordEncoder.train([s.words for s in data["train"]], settings.vocab_size)
+        # Validation tags too, so that a tag missing from training cannot stop a run.
+        labels = LabelVocab.from_data(t for s in [*data["train"], *data["valid"]] for t in s.tags)
+        encoder.save(run_dir)
+        labels.save(run_dir / LABELS)
+        return TaggerInputs(encoder, labels)
+
+    def load_prepared(self, settings: TaggerSettings, run_dir: Path) -> TaggerInputs:
+        return TaggerInputs(WordEncoder.load(run_dir), LabelVocab.load(run_dir / LABELS))
+
+    def model_config(
+        self, config: ModelConfig, settings: TaggerSettings, prepared: TaggerInputs
+    ) -> ModelConfig:
+        vocab_size = prepared.encoder.tokenizer.vocab_size
+        return dataclasses.replace(
+            config,
+            src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size,
+            pad_id=PAD_ID,
+            max_len=settings.max_len,  # a piece never holds more subwords
+            n_decoder_layers=0,
+        )
+
+    def build_model(
+        self, config: ModelConfig, settings: TaggerSettings, prepared: TaggerInputs
+    ) -> nn.Module:
+        return TaggerModel(
+            config,
+            len(prepared.labels),
+            prepared.encoder.n_chars,
+            settings.char_dim,
+            settings.token_dropout,
+        )
+
+    def build_task(
+        self, settings: TaggerSettings, prepared: TaggerInputs, data: Any
+    ) -> TaggingTask:
+        return TaggingTask(
+            prepared.encoder,
+            prepared.labels,
+            data["train"],
+            data["valid"],
+            settings.max_len,
+            settings.max_tokens,
+            settings.label_smoothing,
+        )
+
+    def finish(
+        self, predictor: Tagger, settings: TaggerSettings, data: Any, run_dir: Path
+    ) -> dict[str, Any]:
+        """The best weights tag the validation set; its confusion matrix goes to the run."""
+        scores = predictor.evaluate(
+            data["valid"], confusion_png=run_dir / CONFUSION, name=settings.valid
+        )
+        return {"valid_accuracy": scores["accuracy"], "valid_macro_f1": scores["macro_f1"]}
+
+    def report(self, summary: dict[str, Any], run_dir: Path) -> str:
+        return (
+            f"validation accuracy {summary['valid_accuracy']:.2f}%, macro-F1 "
+            f"{summary['valid_macro_f1']:.2f}%; run folder {run_dir}"
+        )
+
+    def predictor(
+        self, model: nn.Module, settings: TaggerSettings, prepared: TaggerInputs, **options: Any
+    ) -> Tagger:
+        return Tagger(model, prepared.encoder, prepared.labels, settings, TagOptions(**options))
+
+
+JOB = TaggerJob()
+
+__all__ = [
+    "IGNORE",
+    "JOB",
+    "MAX_WORD_SUBWORDS",
+    "CharEncoder",
+    "TagOptions",
+    "TaggedSentence",
+    "Tagger",
+    "TaggerJob",
+    "TaggerModel",
+    "TaggerSettings",
+    "TaggingTask",
+    "WordEncoder",
+    "align_first_subwords",
+    "read_conllu",
+]

@@ -1,0 +1,90 @@
+"""The tagger: the encoder over subwords, each plus its word's character vector; a linear head.
+
+Each word is split into subwords; the encoder runs over the subwords and the word's label is
+read at its FIRST subword (the loss ignores the others). A small character CNN encodes the
+whole word and is added to each of its subwords, so that an unseen word still shows its
+suffix, capitals and digits where its label is read.
+
+Legend: B batch, S subwords, U distinct words of a batch, C characters of a word,
+D model width, E character width, K labels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.attention import padding_mask
+from qkv.config import ModelConfig
+from qkv.data import PAD_ID, UNK_ID
+from qkv.jobs.tagging.data import CHAR_PAD
+from qkv.model import EncoderModel
+
+
+class CharEncoder(nn.Module):
+    """Characters of each word -> one vector per word: embed, convolve (width 3), max-pool.
+
+    (U, C) character ids of U words -> (U, D).
+    """
+
+    def __init__(self, n_chars: int, char_dim: int, d_model: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(n_chars, char_dim, padding_idx=CHAR_PAD)
+        self.conv = nn.Conv1d(char_dim, d_model, kernel_size=3, padding=1)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, chars: Tensor) -> Tensor:
+        x = self.embed(chars).transpose(1, 2)  # (U, E, C)
+        h = F.relu(self.conv(x))  # (U, D, C)
+        h = h.masked_fill((chars == CHAR_PAD)[:, None, :], 0.0)  # ReLU >= 0: max ignores pad
+        return self.proj(h.amax(dim=-1))  # (U, D)
+
+
+class TaggerModel(nn.Module):
+    """``EncoderModel`` over subwords, each plus its word's character vector; a linear head.
+
+    Args:
+        config: the encoder's sizes (``src_vocab_size`` = subword vocabulary).
+        n_labels: K, the tags.
+        n_chars: character vocabulary of ``WordEncoder`` (unused with ``char_dim=0``).
+        char_dim: E, width of the character embeddings; 0 leaves out the character encoder.
+        token_dropout: while training, the share of subwords replaced by ``<unk>``, so that
+            the model learns to tag words from their characters and context alone.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        n_labels: int,
+        n_chars: int,
+        char_dim: int = 64,
+        token_dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.config, self.token_dropout = config, token_dropout
+        self.body = EncoderModel(config)
+        self.chars = CharEncoder(n_chars, char_dim, config.d_model) if char_dim > 0 else None
+        self.head = nn.Linear(config.d_model, n_labels)
+
+    def forward(
+        self,
+        src: Tensor,
+        word_index: Tensor,
+        chars: Tensor,
+        attentions: list[Tensor] | None = None,
+    ) -> Tensor:
+        """src, word_index (B, S) and chars (U, C) of a ``TaggingBatch`` -> logits (B, S, K).
+
+        ``attentions``, when given, receives each layer's weights (B, H, S, S).
+        """
+        tokens = src
+        if self.training and self.token_dropout > 0:
+            drop = torch.rand(src.shape, device=src.device) < self.token_dropout
+            tokens = src.masked_fill(drop & (src != PAD_ID), UNK_ID)
+        # EncoderModel.forward embeds the tokens itself, so the character vectors go in
+        # through its InputEmbedding and its Encoder, called one after the other here.
+        extra = None if self.chars is None else self.chars(chars)[word_index]  # (B, S, D)
+        x = self.body.embed(tokens, extra=extra)  # (B, S, D)
+        h = self.body.encoder(x, padding_mask(src, self.config.pad_id), attentions)  # (B, S, D)
+        return self.head(h)
