@@ -141,3 +141,31 @@ def test_encoder_model_shapes_and_attention():
     assert out.shape == (2, 5, config.d_model)
     assert len(weights) == config.n_encoder_layers
     assert (weights[0][1, :, :, 2:] == 0).all()
+
+
+def test_selected_positions_equal_the_full_logits_there(model):
+    src = torch.randint(1, 64, (3, 7))
+    tgt = torch.randint(1, 64, (3, 5))
+    select = torch.rand(3, 5) < 0.6
+    select[0, 0] = True
+    full = model(src, tgt)  # (B, T, V)
+    picked = model(src, tgt, select=select)  # (N, V)
+    assert picked.shape == (int(select.sum()), full.size(-1))
+    torch.testing.assert_close(picked, full[select])
+
+
+def test_the_translation_loss_scores_real_tokens_only_and_equals_the_padded_loss():
+    from qkv.jobs.translation.data import make_translation_batch
+    from qkv.jobs.translation.task import TranslationTask
+
+    model = Transformer(ModelConfig.preset("tiny")).eval()
+    batch = make_translation_batch([[5, 6, 7], [8]], [[9, 10, 11, 12], [13]])
+    task = TranslationTask.__new__(TranslationTask)
+    task.label_smoothing = 0.1
+    loss, tokens = task.loss(model, batch)
+    logits = model(batch.src, batch.tgt_in)  # the padded reference: every position scored
+    reference = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0, label_smoothing=0.1
+    )
+    assert tokens == 5 + 2
+    torch.testing.assert_close(loss, reference)

@@ -145,3 +145,51 @@ def test_too_little_data_for_one_step_is_an_error_not_a_hang(tmp_path):
     settings = tiny_translation_settings(max_tokens=1_000_000)  # all pairs in one batch
     with pytest.raises(InputError, match="fills 1 batches, fewer than 2"):
         train_tiny_translation(tmp_path / "run", settings=settings, accumulate=2)
+
+
+def test_fused_optimizer_agrees_with_the_reference_loop():
+    torch.manual_seed(0)
+    fused_model = Transformer(tiny_model_config()).eval()  # eval: no dropout to differ
+    plain_model = Transformer(tiny_model_config()).eval()
+    plain_model.load_state_dict(fused_model.state_dict())
+    # eps 1e-6: the key biases get only rounding noise as gradients (softmax ignores them),
+    # which Adam's tiny default eps would blow up into differences of summation order.
+    config = TrainConfig(weight_decay=0.01, lr=1e-2, adam_eps=1e-6)
+    fused = configure_optimizer(fused_model, config)
+    assert fused.defaults["fused"]
+    plain = torch.optim.AdamW(
+        [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in
+         configure_optimizer(plain_model, TrainConfig(weight_decay=0.01)).param_groups],
+        lr=1e-2, betas=(0.9, 0.98), eps=1e-6, foreach=False,
+    )  # fmt: skip
+    src, tgt = torch.randint(1, 64, (2, 6)), torch.randint(1, 64, (2, 5))
+    for _ in range(3):
+        for model, optimizer in ((fused_model, fused), (plain_model, plain)):
+            model(src, tgt).float().logsumexp(-1).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(fused_model.parameters(), plain_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # steps move weights ~1e-2
+
+
+def test_compile_wraps_the_training_module_and_trains_the_same(tmp_path, monkeypatch):
+    """--compile goes through torch.compile; the eager backend keeps the test fast."""
+    compiled = []
+    real_compile = torch.compile
+
+    def eager_compile(module, **kwargs):
+        compiled.append(kwargs)
+        return real_compile(module, backend="eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    torch.manual_seed(7)
+    with_compile = train(tmp_path / "compiled", max_steps=3, compile=True)
+    torch.manual_seed(7)
+    without = train(tmp_path / "plain", max_steps=3)
+    assert compiled == [{"dynamic": True}]
+    assert with_compile["steps"] == without["steps"] == 3
+    losses = [
+        [float(r["train_loss"]) for r in read_metrics(tmp_path / run) if r["train_loss"]]
+        for run in ("compiled", "plain")
+    ]
+    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-5)

@@ -129,17 +129,22 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None = None,
         self_attentions: list[Tensor] | None = None,
         cross_attentions: list[Tensor] | None = None,
+        select: Tensor | None = None,
     ) -> Tensor:
         """Target ids (B, T) and memory (B, S, D) -> logits (B, T, V).
 
         With a cache set up (``setup_cache``), pass only the new target positions: they are
         placed after those decoded so far, and the earlier keys and values come from the cache.
+        ``select`` (B, T) bool scores only those positions: logits (N, V) for the N selected,
+        in row-major order, so no output-layer work is spent on padding.
         """
         start = 0
         if self.cache_position is not None:
             start, self.cache_position = self.cache_position, self.cache_position + tgt.size(1)
         x = self.tgt_embed(tgt, start_pos=start)  # (B, T, D)
         x = self.decoder(x, memory, src_mask, tgt_mask, self_attentions, cross_attentions)
+        if select is not None:
+            x = x[select]  # (B, T, D) -> (N, D)
         return self.output(x)
 
     def forward(
@@ -148,14 +153,17 @@ class Transformer(nn.Module):
         tgt: Tensor,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
+        select: Tensor | None = None,
     ) -> Tensor:
         """Source (B, S) and target input (B, T) ids -> logits (B, T, V) for the next tokens.
 
         ``tgt_mask`` is an optional key mask on the target, e.g. ``padding_mask(tgt, pad)``;
         the causal mask is always applied, and right-padding needs no mask for the real tokens.
+        ``select`` (B, T) bool: logits (N, V) of the selected positions only (see ``decode``).
         """
         src_mask = self.src_mask(src) if src_mask is None else src_mask
-        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+        memory = self.encode(src, src_mask)
+        return self.decode(tgt, memory, src_mask, tgt_mask, select=select)
 
     def log_probs(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Log-softmax over the vocabulary of ``forward``: (B, T, V), fp32."""

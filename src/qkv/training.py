@@ -25,10 +25,8 @@ from qkv import checkpoint as ckpt
 from qkv.config import option
 from qkv.distributed import Parallel, broadcast_flag, setup_distributed
 from qkv.errors import InputError
+from qkv.precision import PRECISIONS, choose_precision
 from qkv.progress import TrainingProgress
-
-PRECISIONS = ("auto", "bf16", "fp32")
-
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -82,6 +80,9 @@ class TrainConfig:
         "under torchrun: ddp replicates the model per process; fsdp shards it (FSDP)",
         choices=STRATEGIES,
     )
+    # torch.compile traces the training module into fused kernels: a slow first step (tens of
+    # seconds), then faster steps where the model is large enough to pay for it.
+    compile: bool = option(False, "compile the training module with torch.compile")
     progress: bool = option(True, cli=False)
 
     def __post_init__(self) -> None:
@@ -137,25 +138,6 @@ def inverse_sqrt_schedule(warmup_steps: int):
     return factor
 
 
-def bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return (
-        device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    )
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 for autocast, or None for fp32."""
-    if precision == "fp32":
-        return None
-    if precision == "bf16" or bf16_supported(device):
-        return torch.bfloat16
-    return None
-
-
 def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only; every parameter in exactly one group."""
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
@@ -168,7 +150,14 @@ def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Ad
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps)
+    # The fused kernel updates every parameter in one pass instead of a loop of small ops;
+    # sharded (FSDP) parameters take the default multi-tensor path.
+    fused = all(
+        type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") for p in params.values()
+    )
+    return torch.optim.AdamW(
+        groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, fused=fused or None
+    )
 
 
 class Trainer:
@@ -201,11 +190,14 @@ class Trainer:
         state = self._read_resume_state(model) if resume else None
         self.parallel = Parallel(model, config.strategy, self.world, self.device)
         self.model, self.train_module = self.parallel.model, self.parallel.train_module
+        if config.compile:
+            self.train_module = torch.compile(self.train_module, dynamic=True)
         self.optimizer = configure_optimizer(self.train_module, config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, inverse_sqrt_schedule(config.warmup_steps)
         )
-        self.amp_dtype = autocast_dtype(config.precision, self.device)
+        self.precision = choose_precision(config.precision, self.device)
+        self.amp_dtype = self.precision.autocast_dtype
         self.log = ckpt.MetricsLog(self.run_dir / ckpt.METRICS, task.metric_names)
         self.step = self.epoch = self.batch_index = 0
         self.best: float | None = None
@@ -248,6 +240,7 @@ class Trainer:
             self.elapsed_before,
             config.log_every,
         )
+        self.progress.write(f"precision {self.precision.precision}: {self.precision.reason}")
         window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
         reason = "max_steps"
         while self.step < config.max_steps:
@@ -465,6 +458,8 @@ class Trainer:
             "clock": self.config.clock,
             "wall_seconds": round(self.wall_seconds, 1),
             "world_size": self.world,
+            "precision": self.precision.precision,
+            "precision_reason": self.precision.reason,
             "train_seconds": round(self.elapsed(), 1),
             "tokens_per_second": round(self.tokens_seen / max(self.elapsed(), 1e-9), 1),
             f"best_val_{self.task.metric}": self.best,

@@ -35,7 +35,7 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from qkv.cli import demo, evaluate, inspect, predict, train
+    from qkv.cli import demo, evaluate, export, inspect, predict, train
     from qkv.jobs import get_job, job_names
 
     parser = Parser(
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.register(commands, jobs)
     predict.register(commands, jobs)
     evaluate.register(commands)
+    export.register(commands)
     inspect.register(commands)
     demo.register(commands)
     return parser

@@ -9,6 +9,7 @@ from the job's settings dataclasses.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ if typing.TYPE_CHECKING:
     from qkv.viz.attention import RunAttention
 
 SUMMARY = "summary.json"
+# Written by `qkv export` beside an exported model; names the job it came from.
+EXPORT_INFO = "qkv-export.json"
 # ModelConfig fields a job may show on its command line.
 ENCODER_OPTIONS = (
     "d_model",
@@ -162,6 +165,11 @@ class Job:
     ) -> Predictor:
         raise NotImplementedError
 
+    def load_export(self, folder: Path, **options: Any) -> Predictor | None:
+        """A predictor of an exported model in ``folder`` (an export folder, or a run folder
+        holding one) when ``options`` ask for it; None loads the run's PyTorch model."""
+        return None
+
 
 class Predictor:
     """A trained run put to use; each job's predictor subclasses it.
@@ -223,10 +231,15 @@ def load_run(
     from qkv.jobs import get_job
 
     run_dir = Path(run_dir)
+    if (run_dir / EXPORT_INFO).is_file():
+        return _load_export(run_dir, expect, **options)
     name, config = read_job_name(run_dir)
     if expect is not None and name != expect:
         raise InputError(f"{run_dir}: a {name!r} run, not a {expect!r} run")
     job = get_job(name, where=str(run_dir / ckpt.CONFIG))
+    predictor = job.load_export(run_dir, **options)
+    if predictor is not None:
+        return predictor
     settings = job.Settings.from_dict(config.get("settings", {}))
     prepared = job.load_prepared(settings, run_dir)
     try:
@@ -236,3 +249,20 @@ def load_run(
     model = job.build_model(model_config, settings, prepared)
     ckpt.load_weights(model, run_dir / ckpt.WEIGHTS)
     return job.predictor(model.to(device).eval(), settings, prepared, **options)
+
+
+def _load_export(folder: Path, expect: str | None, **options: Any) -> Predictor:
+    """An export folder (``qkv export``): its job's predictor of the exported model."""
+    from qkv.jobs import get_job
+
+    path = folder / EXPORT_INFO
+    try:
+        name = json.loads(path.read_text(encoding="utf-8"))["job"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise InputError(f"{path}: not a readable export description ({error})") from None
+    if expect is not None and name != expect:
+        raise InputError(f"{folder}: an export of a {name!r} run, not a {expect!r} run")
+    predictor = get_job(name, where=str(path)).load_export(folder, **options)
+    if predictor is None:
+        raise InputError(f"{folder}: an exported model, which this job cannot load")
+    return predictor

@@ -117,7 +117,21 @@ class TranslationJob(Job):
     def predictor(
         self, model: nn.Module, settings: Any, prepared: SubwordTokenizer, **options: Any
     ) -> Translator:
-        return Translator(model, prepared, DecodeOptions(**options), settings)
+        decode = DecodeOptions(**options)
+        if decode.engine == "ctranslate2":
+            from qkv.jobs.translation.ct2 import CTranslate2Translator
+
+            return CTranslate2Translator.from_model(model, prepared, decode, settings)
+        return Translator(model, prepared, decode, settings)
+
+    def load_export(self, folder: Path, **options: Any) -> Translator | None:
+        """The CTranslate2 translator of an export folder or of a run's ``ctranslate2/``.
+
+        None (load the run's PyTorch model) unless ``--engine ctranslate2`` finds an export.
+        """
+        from qkv.jobs.translation.ct2 import load_export
+
+        return load_export(Path(folder), DecodeOptions(**options))
 
 
 JOB = TranslationJob()

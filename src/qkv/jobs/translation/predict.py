@@ -32,6 +32,10 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, flo
     }
 
 
+ENGINES = ("qkv", "ctranslate2")
+COMPUTE_TYPES = ("default", "int8", "float32", "int8_float32")
+
+
 @dataclass
 class DecodeOptions:
     """How ``Translator`` searches: beam 1 is greedy. The options of ``qkv translate``."""
@@ -43,8 +47,28 @@ class DecodeOptions:
     max_len_ratio: float = option(1.5, "longest output = ratio x source length + 10")
     max_len_add: int = option(10, cli=False)
     max_tokens: int = option(4096, "source tokens per decoding batch, padding included")
+    engine: str = option(
+        "qkv",
+        "the decoder: qkv's own (PyTorch), or CTranslate2 (the run's `qkv export`, or one "
+        "made at load time; needs `pip install qkv[ctranslate2]`)",
+        choices=ENGINES,
+    )
+    compute_type: str = option(
+        "default",
+        "CTranslate2's weight and compute type (default: as exported)",
+        choices=COMPUTE_TYPES,
+    )
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES or self.compute_type not in COMPUTE_TYPES:
+            raise InputError(
+                f"--engine {self.engine} --compute-type {self.compute_type}: choose an engine "
+                f"of {', '.join(ENGINES)} and a compute type of {', '.join(COMPUTE_TYPES)}"
+            )
+        if self.compute_type != "default" and self.engine != "ctranslate2":
+            raise InputError(
+                f"--compute-type {self.compute_type} applies to --engine ctranslate2 only"
+            )
         if self.beam_size < 1:
             raise InputError(f"--beam {self.beam_size}: the beam size must be at least 1")
         if self.max_tokens < 1 or self.max_len_ratio <= 0:
@@ -71,9 +95,14 @@ class Translator(Predictor):
         self.options = options or DecodeOptions()
         self.settings = settings
 
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the model's positional encoding holds."""
+        return self.model.config.max_len
+
     def encode_sources(self, sentences: Sequence[str]) -> list[list[int]]:
         """Subword ids with </s>, cut to what the model's positions can hold."""
-        limit = self.model.config.max_len - 1
+        limit = self.max_positions - 1
         return [ids[:limit] + [EOS_ID] for ids in self.tokenizer.encode_batch(list(sentences))]
 
     def translate_ids(self, sources: list[list[int]]) -> list[list[int]]:

@@ -50,12 +50,16 @@ class TranslationTask:
         ]
 
     def loss(self, model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, int]:
-        """Label-smoothed cross-entropy per target token, padding ignored."""
-        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        """Label-smoothed cross-entropy per target token; padding is never scored.
+
+        Only the N real target positions go through the output layer and the loss, so the
+        largest matrix product of the step does no work on padding.
+        """
+        real = batch.tgt_out != PAD_ID  # (B, T)
+        logits = model(batch.src, batch.tgt_in, select=real)  # (N, V)
         loss = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            batch.tgt_out.flatten(),
-            ignore_index=PAD_ID,
+            logits.float(),
+            batch.tgt_out[real],
             label_smoothing=self.label_smoothing,
             reduction="sum",
         )
