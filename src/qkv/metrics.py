@@ -9,6 +9,8 @@ import numpy as np
 
 from qkv.checkpoint import atomic_write
 
+CONFUSION = "confusion.png"  # the confusion matrix of a run or an evaluation
+
 
 def label_scores(gold: Sequence[int], predicted: Sequence[int], n_labels: int) -> dict[str, float]:
     """Accuracy and macro-F1 in percent; macro-F1 over the labels in gold or predicted."""

@@ -206,6 +206,21 @@ class Predictor:
         """The output on ``text`` and every layer's and head's attention weights."""
         raise NotImplementedError
 
+    def data_path(self, data: str | None, form: str) -> str:
+        """``data``, or the run's validation file when None; one clear error when it is gone."""
+        path = data or getattr(self.settings, "valid", None)
+        if data is None and (not path or not Path(path).is_file()):
+            raise InputError(f"the run's validation file {path!r} is gone; pass --data {form}")
+        return path
+
+
+def picture_path(out: Path | None, name: str) -> Path | None:
+    """``out``/``name``, creating ``out``; None when no folder for pictures was given."""
+    if out is None:
+        return None
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return Path(out) / name
+
 
 def read_job_name(run_dir: str | Path) -> tuple[str, dict[str, Any]]:
     """The job of the run in ``run_dir`` and its config.json."""

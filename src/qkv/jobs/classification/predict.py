@@ -16,14 +16,12 @@ from torch import Tensor
 from qkv.config import option
 from qkv.data import SubwordTokenizer
 from qkv.errors import InputError
-from qkv.jobs.base import JobSettings, Predictor
+from qkv.jobs.base import JobSettings, Predictor, picture_path
 from qkv.jobs.classification.data import LabeledTexts, encode_texts, read_labeled
 from qkv.jobs.classification.model import SequenceClassifier, batched_logits
 from qkv.labels import LabelVocab
-from qkv.metrics import confusion, label_scores, plot_confusion
+from qkv.metrics import CONFUSION, confusion, label_scores, plot_confusion
 from qkv.viz.attention import CLS_TOKEN, AttentionKind, RunAttention
-
-CONFUSION = "confusion.png"
 
 
 @dataclass
@@ -113,15 +111,9 @@ class Classifier(Predictor):
         The file is read in the run's ``--format``; the confusion matrix goes into ``out``
         when it is given, never into the run folder.
         """
-        path = data or getattr(self.settings, "valid", None)
-        if data is None and (not path or not Path(path).is_file()):
-            raise InputError(f"the run's validation file {path!r} is gone; pass --data FILE")
+        path = self.data_path(data, "FILE")
         texts = read_labeled(path, getattr(self.settings, "format", "auto"))
-        png = None
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            png = out / CONFUSION
-        return {"data": str(path), **self.evaluate(texts, png)}
+        return {"data": str(path), **self.evaluate(texts, picture_path(out, CONFUSION))}
 
     @torch.no_grad()
     def attention(self, text: str) -> RunAttention:

@@ -17,7 +17,7 @@ from torch import Tensor
 from qkv.config import option
 from qkv.data import token_batches
 from qkv.errors import InputError
-from qkv.jobs.base import Predictor
+from qkv.jobs.base import Predictor, picture_path
 from qkv.jobs.tagging.data import (
     IGNORE,
     Example,
@@ -28,10 +28,9 @@ from qkv.jobs.tagging.data import (
 )
 from qkv.jobs.tagging.model import TaggerModel
 from qkv.labels import LabelVocab
-from qkv.metrics import confusion, label_scores, plot_confusion
+from qkv.metrics import CONFUSION, confusion, label_scores, plot_confusion
 from qkv.viz.attention import AttentionKind, RunAttention
 
-CONFUSION = "confusion.png"
 FORMATS = ("word-tag", "conllu")
 
 
@@ -187,15 +186,9 @@ class Tagger(Predictor):
 
         The confusion matrix is drawn into ``out``/confusion.png only when ``out`` is given.
         """
-        path = data or self.settings.valid
-        if data is None and (not path or not Path(path).is_file()):
-            raise InputError(f"the run's validation file {path!r} is gone; pass --data FILE.conllu")
+        path = self.data_path(data, "FILE.conllu")
         sentences = read_conllu(path, self.tagset, "--data")
-        picture = None
-        if out is not None:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            picture = Path(out) / CONFUSION
-        scores = self.evaluate(sentences, confusion_png=picture, name=path)
+        scores = self.evaluate(sentences, picture_path(out, CONFUSION), name=path)
         return {"data": str(path), "tagset": self.tagset, **scores}
 
     def evaluate(

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from qkv.config import option
 from qkv.errors import InputError
-from qkv.jobs.base import Predictor
+from qkv.jobs.base import Predictor, picture_path
 from qkv.jobs.vision.data import (
     DIGITS_PIXEL_MAX,
     DIGITS_TEST_FRACTION,
@@ -31,10 +31,8 @@ from qkv.jobs.vision.data import (
 from qkv.jobs.vision.model import ImageConfig, VisionTransformer
 from qkv.jobs.vision.task import batched_logits
 from qkv.labels import LabelVocab
-from qkv.metrics import confusion, label_scores, plot_confusion
+from qkv.metrics import CONFUSION, confusion, label_scores, plot_confusion
 from qkv.viz.attention import CLS_TOKEN, AttentionKind, RunAttention
-
-CONFUSION = "confusion.png"
 
 
 @dataclass
@@ -138,11 +136,7 @@ class ImageClassifier(Predictor):
             dataset, _ = read_image_folder(data, self.image, self.labels)
         else:
             dataset = self.held_out()
-        confusion_png = None
-        if out is not None:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            confusion_png = Path(out) / CONFUSION
-        scores = self.evaluate(dataset, confusion_png)
+        scores = self.evaluate(dataset, picture_path(out, CONFUSION))
         return {"data": str(data) if data is not None else "digits test split", **scores}
 
     @torch.no_grad()
