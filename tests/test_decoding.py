@@ -261,3 +261,19 @@ def test_translate_ids_restores_the_training_flag_and_removes_the_cache():
     assert all(layer.self_attn.kv_cache is None for layer in model.decoder.layers)
     with pytest.raises(ValueError, match="beam_size=0"):
         translate_ids(model, padded_sources([3]), beam_size=0)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_min_len_forces_exactly_n_new_tokens(beam_size):
+    """With eos likely, min_len = the limit still gives N tokens each; min_len=0 is the default."""
+    model = make_model(eos_bias=3.0)
+    src = padded_sources([7, 4, 1, 5])
+    free = translate_ids(model, src, beam_size=beam_size)
+    assert min(len(out) for out in free) < 12  # eos would end some outputs early
+    assert translate_ids(model, src, beam_size=beam_size, min_len=0) == free
+    forced = translate_ids(
+        model, src, beam_size=beam_size, max_len_ratio=0.0, max_len_add=12, min_len=12
+    )
+    assert [len(out) for out in forced] == [12, 12, 12, 12]
+    for out in forced:
+        assert not {BOS, EOS, PAD} & set(out)

@@ -56,9 +56,12 @@ def max_lengths(
 
 
 def _forbid(log_probs: Tensor, ids: tuple[int, ...]) -> Tensor:
-    """log_probs (N, V) with the ``ids`` columns set to -inf, so those tokens are never chosen."""
+    """log_probs (N, V) with the ``ids`` columns set to -inf, so those tokens are never chosen.
+
+    In place: the log-probs of a step are fresh, so no (N, V) copy is needed.
+    """
     index = torch.tensor(ids, device=log_probs.device)
-    return log_probs.index_fill(1, index, float("-inf"))
+    return log_probs.index_fill_(1, index, float("-inf"))
 
 
 def _trim(tokens: Tensor, lengths: Tensor) -> list[list[int]]:
@@ -75,11 +78,14 @@ def greedy_search(
     bos_id: int = 1,
     eos_id: int = 2,
     pad_id: int = 0,
+    min_len: int = 0,
 ) -> list[list[int]]:
     """Pick the most probable next token until eos or the sentence's length limit.
 
     Args:
         src: (B, S) source ids, right-padded with ``pad_id``.
+        min_len: eos is never chosen before this many tokens (a benchmark forces exactly N
+            new tokens with ``max_len_ratio=0, max_len_add=N, min_len=N``).
     Returns:
         per sentence, the output ids without bos and eos (at most ``max_lengths`` of them).
     """
@@ -96,7 +102,8 @@ def greedy_search(
     model.setup_cache(B, steps)
     try:
         for t in range(steps):
-            log_probs = _forbid(decode_step(model, tokens, memory, src_mask), (bos_id, pad_id))
+            forbidden = (bos_id, pad_id, eos_id) if t < min_len else (bos_id, pad_id)
+            log_probs = _forbid(decode_step(model, tokens, memory, src_mask), forbidden)
             next_tokens = log_probs.argmax(dim=-1)  # (B,)
             ended = next_tokens.eq(eos_id) & ~finished
             lengths = torch.where(ended, t, lengths)
@@ -200,6 +207,7 @@ def beam_search(
     bos_id: int = 1,
     eos_id: int = 2,
     pad_id: int = 0,
+    min_len: int = 0,
 ) -> list[list[int]]:
     """Batched beam search: K beams per sentence, B * K rows in the KV cache.
 
@@ -211,6 +219,7 @@ def beam_search(
 
     Args:
         src: (B, S) source ids, right-padded with ``pad_id``.
+        min_len: eos is never chosen before this many tokens (as in ``greedy_search``).
     Returns:
         per sentence, the best hypothesis's ids without bos and eos.
     """
@@ -235,7 +244,8 @@ def beam_search(
     model.setup_cache(B * K, steps)
     try:
         for t in range(steps):
-            log_probs = _forbid(decode_step(model, tokens, memory, src_mask), (bos_id, pad_id))
+            forbidden = (bos_id, pad_id, eos_id) if t < min_len else (bos_id, pad_id)
+            log_probs = _forbid(decode_step(model, tokens, memory, src_mask), forbidden)
             cand_scores, beam, cand_history = _extend(scores, history, log_probs.view(B, K, -1), t)
             finished = _finish(
                 finished, cand_scores, cand_history, t, t + 1 >= limits, eos_id, length_penalty
@@ -245,7 +255,8 @@ def beam_search(
             alive = _first_alive(cand_history[:, :, t], eos_id, K)  # (B, K)
             scores = cand_scores.gather(1, alive)
             history = cand_history.gather(1, alive[:, :, None].expand(-1, -1, steps))
-            model.reorder_cache((beam.gather(1, alive) + offsets).view(B * K))
+            # Beams only trade places within their sentence: the source side stays put.
+            model.reorder_cache((beam.gather(1, alive) + offsets).view(B * K), same_source=True)
             tokens = history[:, :, t].reshape(B * K, 1)
     finally:
         model.remove_cache()

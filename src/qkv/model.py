@@ -217,11 +217,17 @@ class Transformer(nn.Module):
             layer.cross_attn.reset_cache()
         self.cache_position = 0
 
-    def reorder_cache(self, index: Tensor) -> None:
-        """Keep the cached rows ``index`` (B',) in that order, e.g. the surviving beams."""
+    def reorder_cache(self, index: Tensor, same_source: bool = False) -> None:
+        """Keep the cached rows ``index`` (B',) in that order, e.g. the surviving beams.
+
+        ``same_source``: every row keeps a source it already had (the beams of one sentence
+        trading places), so the encoder-decoder keys and values, equal for all beams of a
+        sentence, need not move; only the self-attention caches are copied.
+        """
         for layer in self.decoder.layers:
             layer.self_attn.reorder_cache(index)
-            layer.cross_attn.reorder_cache(index)
+            if not same_source:
+                layer.cross_attn.reorder_cache(index)
 
     def remove_cache(self) -> None:
         for layer in self.decoder.layers:
