@@ -51,7 +51,7 @@ from qkv.precision import choose_precision
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 RESULTS = ROOT / "benchmarks" / "results"
-SECTIONS = ("train", "decode", "cli", "long")
+SECTIONS = ("attention", "train", "decode", "cli", "long")
 GiB, MiB = 2**30, 2**20
 
 
@@ -338,6 +338,65 @@ def cli_section(args: argparse.Namespace) -> dict:
     return result
 
 
+# ---------------------------------------------------------------- attention paths
+
+
+def attention_section(args: argparse.Namespace) -> dict:
+    """The fused kernel against the three steps as plain matmuls, at the shapes qkv meets.
+
+    Training: forward + backward of (B, 4, T, 64) with a padding mask, B*T about 3,072
+    tokens, in fp32 and bf16. Decoding: one query against T cached keys, 128 rows, fp32.
+    These figures set ``qkv.attention.fused_pays`` (which ``attention_impl="auto"`` uses).
+    """
+    from qkv.attention import attention
+
+    def training(impl: str, dtype: torch.dtype, length: int) -> Callable[[int], float]:
+        batch = max(1, 3072 // length)
+        shape = (batch, 4, length, 64)
+        q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
+        mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+        mask[::2, ..., length // 2 :] = False
+
+        def run(_: int) -> float:
+            start = time.perf_counter()
+            out, _ = attention(q, k, v, mask, impl=impl)
+            out.float().sum().backward()
+            return time.perf_counter() - start
+
+        return run
+
+    def decoding(impl: str, length: int) -> Callable[[int], float]:
+        q, k, v = (
+            torch.randn(128, 4, 1, 64),
+            torch.randn(128, 4, length, 64),
+            torch.randn(128, 4, length, 64),
+        )
+
+        def run(_: int) -> float:
+            start = time.perf_counter()
+            attention(q, k, v, impl=impl)
+            return time.perf_counter() - start
+
+        return run
+
+    def best_ms(run: Callable[[int], float]) -> float:
+        return round(1000 * min(run(i) for i in range(args.attention_repeats)), 3)
+
+    result: dict[str, Any] = {"what": attention_section.__doc__.split("\n\n")[1].strip()}
+    for length in (24, 64, 128, 256):
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            times = {impl: best_ms(training(impl, dtype, length)) for impl in IMPLS}
+            times["fused_over_reference"] = round(times["sdpa"] / times["reference"], 2)
+            result[f"train_T{length}_{name}_ms"] = times
+        times = {impl: best_ms(decoding(impl, length)) for impl in IMPLS}
+        times["fused_over_reference"] = round(times["sdpa"] / times["reference"], 2)
+        result[f"decode_T{length}_fp32_ms"] = times
+    return result
+
+
+IMPLS = ("sdpa", "reference")
+
+
 # ---------------------------------------------------------------- long inputs
 
 
@@ -404,6 +463,7 @@ def parse_args() -> argparse.Namespace:
     args.train_sentences = 3000 if quick else None
     args.max_length = 1024 if quick else 8192
     args.matmul_repeats = 3 if quick else 5
+    args.attention_repeats = 2 if quick else 7
     return args
 
 
@@ -436,6 +496,11 @@ def print_table(report: dict[str, Any]) -> None:
     for beam in ("beam1", "beam5"):
         if beam in cli:
             rows.append((f"qkv translate {beam} sent/s", cli[beam]["sentences_per_s"], "", ""))
+    if report.get("attention"):
+        rows.append(("attention: case", "sdpa ms", "reference ms", ""))
+    for key, times in report.get("attention", {}).items():
+        if key.endswith("_ms"):
+            rows.append((f"  {key[:-3]}", times["sdpa"], times["reference"], ""))
     long = report.get("long", {})
     if "sdpa" in long:
         rows.append(("long inputs: T", "sdpa MiB", "ref MiB", "sdpa s / ref s"))
@@ -467,6 +532,7 @@ def main() -> None:
         tokenizer, pairs = joint_tokenizer(args.train_sentences)
     peak = report["machine"]["matmul_gflops"]
     steps = {
+        "attention": lambda: attention_section(args),
         "train": lambda: train_section(args, tokenizer, pairs, peak),
         "decode": lambda: decode_section(args, tokenizer),
         "cli": lambda: cli_section(args),

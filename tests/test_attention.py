@@ -98,3 +98,26 @@ def test_kv_cache_grows_and_reorders():
         cache.update(torch.randn(2, H, 3, Dh), torch.randn(2, H, 3, Dh))
     cache.reset()
     assert cache.length == 0
+
+
+def test_auto_takes_the_fused_kernel_only_where_it_measured_faster():
+    from qkv.attention import SHORT_KEYS, fused_pays
+
+    def qk(q_len, k_len, dtype=torch.float32):
+        return torch.zeros(2, 4, q_len, 8, dtype=dtype), torch.zeros(2, 4, k_len, 8, dtype=dtype)
+
+    assert fused_pays(*qk(20, 20))  # fp32 training
+    assert not fused_pays(*qk(20, 20, torch.bfloat16))  # bf16 training, short sentences
+    assert not fused_pays(*qk(1, 40))  # one query of a cached decoding step
+    assert fused_pays(*qk(SHORT_KEYS + 1, SHORT_KEYS + 1, torch.bfloat16))  # long inputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_gives_the_same_attention_as_both_paths(dtype):
+    q, k, v = (torch.randn(2, 4, 6, 8, dtype=dtype) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    auto, _ = attention(q, k, v, mask, is_causal=True, impl="auto")
+    fused, _ = attention(q, k, v, mask, is_causal=True, impl="sdpa")
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    assert_close(auto, fused, **tolerance)

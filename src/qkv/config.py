@@ -8,7 +8,7 @@ from typing import Any
 
 ACTIVATIONS = ("relu", "gelu")
 POSITIONALS = ("sinusoidal", "learned")
-ATTENTION_IMPLS = ("sdpa", "reference")
+ATTENTION_IMPLS = ("auto", "sdpa", "reference")
 
 
 def option(
@@ -67,8 +67,9 @@ class ModelConfig:
     tie_output: bool = False
     pad_id: int = 0
     layer_norm_eps: float = 1e-5
-    # "sdpa": torch's fused scaled_dot_product_attention; "reference": the three steps written out.
-    attention_impl: str = "sdpa"
+    # "sdpa": torch's fused scaled_dot_product_attention; "reference": the three steps written
+    # out; "auto": per call, whichever measured faster for the shape (see qkv.attention).
+    attention_impl: str = "auto"
 
     def __post_init__(self) -> None:
         bad = []
