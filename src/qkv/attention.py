@@ -136,6 +136,7 @@ class KVCache(nn.Module):
         shape = (batch_size, n_heads, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.spare: tuple[Tensor, Tensor] | None = None  # the other pair, for reorder
         self.length = 0
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -149,13 +150,23 @@ class KVCache(nn.Module):
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search); only the filled positions move."""
+        """Keep batch rows ``index`` (beam search); only the filled positions move.
+
+        The rows are gathered straight into a second pair of buffers, which then swap
+        places with the first: one copy of the filled part, not a gather and a copy back.
+        """
         if index.numel() != self.k.size(0):
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            self.spare = None
             return
         end = self.length
-        self.k[:, :, :end] = self.k[:, :, :end].index_select(0, index)
-        self.v[:, :, :end] = self.v[:, :, :end].index_select(0, index)
+        if self.spare is None:
+            self.spare = (torch.empty_like(self.k), torch.empty_like(self.v))
+        k, v = self.spare
+        torch.index_select(self.k[:, :, :end], 0, index, out=k[:, :, :end])
+        torch.index_select(self.v[:, :, :end], 0, index, out=v[:, :, :end])
+        self.spare = (self.k, self.v)
+        self.k, self.v = k, v
 
     def reset(self) -> None:
         self.length = 0

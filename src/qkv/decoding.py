@@ -32,13 +32,16 @@ def prefill(model: Transformer, src: Tensor, pad_id: int | None = None) -> tuple
     return model.encode(src, src_mask), src_mask
 
 
-def decode_step(model: Transformer, tokens: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+def decode_step(
+    model: Transformer, tokens: Tensor, memory: Tensor, src_mask: Tensor, normalize: bool = True
+) -> Tensor:
     """One cached decoder step: the newest tokens (B, 1) -> fp32 log-probs (B, V) of the next.
 
     Needs ``model.setup_cache`` first; earlier positions come from the cache.
+    ``normalize=False`` returns the logits: their argmax is the log-probs' (greedy search).
     """
-    logits = model.decode(tokens, memory, src_mask)[:, -1]  # (B, V)
-    return F.log_softmax(logits.float(), dim=-1)
+    logits = model.decode(tokens, memory, src_mask)[:, -1].float()  # (B, V)
+    return F.log_softmax(logits, dim=-1) if normalize else logits
 
 
 def max_lengths(
@@ -56,7 +59,7 @@ def max_lengths(
 
 
 def _forbid(log_probs: Tensor, ids: tuple[int, ...]) -> Tensor:
-    """log_probs (N, V) with the ``ids`` columns set to -inf, so those tokens are never chosen.
+    """log_probs (or logits) (N, V) with the ``ids`` columns at -inf: never chosen.
 
     In place: the log-probs of a step are fresh, so no (N, V) copy is needed.
     """
@@ -103,8 +106,8 @@ def greedy_search(
     try:
         for t in range(steps):
             forbidden = (bos_id, pad_id, eos_id) if t < min_len else (bos_id, pad_id)
-            log_probs = _forbid(decode_step(model, tokens, memory, src_mask), forbidden)
-            next_tokens = log_probs.argmax(dim=-1)  # (B,)
+            logits = decode_step(model, tokens, memory, src_mask, normalize=False)
+            next_tokens = _forbid(logits, forbidden).argmax(dim=-1)  # (B,)
             ended = next_tokens.eq(eos_id) & ~finished
             lengths = torch.where(ended, t, lengths)
             next_tokens = next_tokens.masked_fill(finished, pad_id)
