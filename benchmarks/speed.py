@@ -53,7 +53,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 RESULTS = ROOT / "benchmarks" / "results"
 SECTIONS = ("attention", "train", "decode", "cli", "long")
-GiB, MiB = 2**30, 2**20
 
 
 # ---------------------------------------------------------------- helpers
