@@ -11,20 +11,12 @@ from typing import Any
 
 import torch
 
+from qkv.precision import cpu_features
+
 
 def cpu_info() -> dict[str, Any]:
     """The processor's name and the bf16 features that decide whether bf16 runs in hardware."""
-    model, flags = platform.processor(), set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    model, flags = cpu_features()
     return {"processor": model, **{flag: flag in flags for flag in ("amx_bf16", "avx512_bf16")}}
 
 

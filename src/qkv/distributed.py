@@ -55,6 +55,17 @@ def setup_distributed(
     return rank, world, device
 
 
+def teardown() -> None:
+    """End the process group, if one was started, before the process exits.
+
+    Left to the interpreter's exit, gloo's threads can be torn down mid-flight and abort
+    the process ("terminate called without an active exception").
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main_process_first(work: Callable[[], T], then: Callable[[], T] | None = None) -> T:
     """Run ``work()`` on rank 0 while the other ranks wait, then ``then()`` (or ``work``) on them.
 

@@ -43,10 +43,8 @@ def cache_path() -> Path:
     return Path(root) / "precision.json"
 
 
-def machine_key(device: torch.device) -> str:
-    """What the measurement depends on: the processor, its bf16 features, torch, threads."""
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
+def cpu_features() -> tuple[str, set[str]]:
+    """The processor's name and its feature flags (from /proc/cpuinfo where there is one)."""
     model, flags = platform.processor(), set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -58,6 +56,14 @@ def machine_key(device: torch.device) -> str:
                     break
     except OSError:
         pass
+    return model, flags
+
+
+def machine_key(device: torch.device) -> str:
+    """What the measurement depends on: the processor, its bf16 features, torch, threads."""
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
+    model, flags = cpu_features()
     features = ",".join(sorted(flags & {"amx_bf16", "avx512_bf16", "avx512f"}))
     return f"cpu:{model}|{features}|torch {torch.__version__}|threads {torch.get_num_threads()}"
 

@@ -13,6 +13,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
+from qkv.distributed import teardown
 from qkv.errors import InputError
 
 
@@ -65,7 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.more = unknown
     run: Callable[[argparse.Namespace], int | None] = args.run
     try:
-        return run(args) or 0
+        code = run(args) or 0
+        teardown()
+        return code
     except InputError as error:
         print(f"qkv: error: {error}", file=sys.stderr)
         return 2
