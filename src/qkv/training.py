@@ -2,8 +2,9 @@
 
 A task (translation, tagging, classification, ViT) supplies batches, a loss and a validation;
 the ``Trainer`` does everything else the same way for all of them. It runs as it is under
-``torchrun`` (DistributedDataParallel, one process per device): each rank takes every
-world_size-th batch, and rank 0 validates and writes the run folder.
+``torchrun`` (DistributedDataParallel or FSDP, one process per device; see
+``qkv.distributed``): each rank takes every world_size-th batch, and rank 0 validates and
+writes the run folder.
 """
 
 from __future__ import annotations

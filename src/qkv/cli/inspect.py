@@ -16,6 +16,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_plot(commands)
 
 
+def add_run_and_input(parser: argparse.ArgumentParser) -> None:
+    """``--model RUN`` and the one INPUT that attention and explain look at."""
+    parser.add_argument("--model", required=True, help="run folder written by `qkv train`")
+    parser.add_argument(
+        "input", metavar="INPUT", help="a sentence (a text for a classifier; an image for vit)"
+    )
+
+
 def add_attention(commands: argparse._SubParsersAction) -> None:
     attention = commands.add_parser(
         "attention",
@@ -26,10 +34,7 @@ def add_attention(commands: argparse._SubParsersAction) -> None:
         "self-attention; vit: the [CLS] token's attention over the image), and/or one "
         "self-contained HTML page with --html.",
     )
-    attention.add_argument("--model", required=True, help="run folder written by `qkv train`")
-    attention.add_argument(
-        "input", metavar="INPUT", help="a sentence (a text for a classifier; an image for vit)"
-    )
+    add_run_and_input(attention)
     attention.add_argument("--out", help="folder for the PNG heatmaps (created if needed)")
     attention.add_argument("--html", help="write the interactive page to this .html file")
     attention.add_argument("--layer", type=int, help="draw only this layer (from 0)")
@@ -51,10 +56,7 @@ def add_explain(commands: argparse._SubParsersAction) -> None:
         "<s> and the output so far) and encoder-decoder attention (queries from the output, "
         "keys and values from the source).",
     )
-    explain.add_argument("--model", required=True, help="run folder written by `qkv train`")
-    explain.add_argument(
-        "input", metavar="INPUT", help="a sentence (a text for a classifier; an image for vit)"
-    )
+    add_run_and_input(explain)
     explain.add_argument("--token", type=int, default=0, help="query token, from 0 (default: 0)")
     explain.add_argument(
         "--kind",

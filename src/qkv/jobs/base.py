@@ -155,7 +155,8 @@ class Job:
     def report(self, summary: dict[str, Any], run_dir: Path) -> str:
         """The line printed when training ends."""
         metric = next((k for k in summary if k.startswith("best_val_")), None)
-        best = f"{metric[9:]} {summary[metric]:.2f}; " if metric and summary[metric] else ""
+        value = summary.get(metric) if metric else None
+        best = f"{metric.removeprefix('best_val_')} {value:.2f}; " if value is not None else ""
         return f"best validation {best}run folder {run_dir}"
 
     # -- using a trained run -------------------------------------------------------------------
