@@ -10,6 +10,7 @@ shares its decisions. Launched plainly, everything here is a no-op for a single 
 from __future__ import annotations
 
 import copy
+import gc
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -59,9 +60,12 @@ def teardown() -> None:
     """End the process group, if one was started, before the process exits.
 
     Left to the interpreter's exit, gloo's threads can be torn down mid-flight and abort
-    the process ("terminate called without an active exception").
+    the process ("terminate called without an active exception"). Wrappers still holding the
+    group (a DDP reducer in a reference cycle) are collected first, so that destroying the
+    group really ends its threads while the interpreter is whole.
     """
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 
