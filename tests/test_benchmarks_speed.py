@@ -80,3 +80,41 @@ def test_the_peer_is_causal_and_ignores_padding():
         assert not torch.allclose(later[:, 3:], logits[:, 3:])
         more_padding = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
         torch.testing.assert_close(peer(more_padding, tgt_in), logits)
+
+
+def test_the_peers_greedy_decoder_picks_what_qkvs_picks_with_the_same_weights():
+    from benchmarks.peers.translation import translate
+
+    from qkv.decoding import translate_ids
+
+    torch.manual_seed(3)
+    peer = make_peer()  # trained a little to copy, so that its outputs vary
+    optimizer = torch.optim.AdamW(peer.parameters(), lr=3e-3)
+    for _ in range(80):
+        src = torch.randint(3, 12, (16, 6))
+        src[:, -1] = EOS
+        tgt_in = torch.cat([torch.full((16, 1), BOS), src[:, :-1]], dim=1)
+        loss = peer_loss(peer, src, tgt_in, src, label_smoothing=0.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    peer.eval()
+    model = transformer_from_torch(
+        peer.transformer, src_vocab_size=V, tgt_vocab_size=V, share_embeddings=True,
+        tie_output=True,
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        model.src_embed.token.weight.copy_(peer.embedding.weight)
+        model.output.proj.bias.copy_(peer.output.bias)
+    sources = [torch.randint(3, 12, (n,)).tolist() + [EOS] for n in (4, 7, 2, 5)]
+    theirs = translate(peer, sources, beam=1, batch_size=3)
+    src = torch.full((4, 8), PAD)
+    for r, row in enumerate(sources):
+        src[r, : len(row)] = torch.tensor(row)
+    ours = [[t for t in row if t != EOS] for row in translate_ids(model, src)]
+    assert len({tuple(row) for row in ours}) == 4  # four different outputs
+    for a, b in zip(ours, theirs, strict=True):
+        n = min(len(a), len(b))  # the two cap lengths differently
+        assert n >= 3 and a[:n] == b[:n]
+    beams = translate(peer, sources, beam=3, batch_size=3)
+    assert all(row and all(3 <= t < V for t in row) for row in beams)

@@ -12,10 +12,14 @@ Legend: B batch, S source length, T target length, D model width, V vocabulary s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv.data import BOS_ID, EOS_ID, PAD_ID
 
 
 class PeerTranslator(nn.Module):
@@ -104,3 +108,116 @@ def peer_loss(
         ignore_index=model.pad_id,
         label_smoothing=label_smoothing,
     )
+
+
+# ---------------------------------------------------------------- data, training, decoding
+
+
+def encode_pairs(
+    tokenizer: Any, pairs: list[tuple[str, str]], max_len: int
+) -> list[tuple[list[int], list[int]]]:
+    """(source ids, target ids with BOS ... EOS) per pair, pairs longer than ``max_len`` dropped."""
+    sources = tokenizer.encode_batch([s for s, _ in pairs])
+    targets = tokenizer.encode_batch([t for _, t in pairs])
+    return [
+        (s + [EOS_ID], [BOS_ID, *t, EOS_ID])
+        for s, t in zip(sources, targets, strict=True)
+        if len(s) < max_len and len(t) < max_len
+    ]
+
+
+def batches_of(
+    examples: list[tuple[list[int], list[int]]], max_tokens: int, seed: int
+) -> Callable[[int], Iterator[tuple[Tensor, Tensor, Tensor]]]:
+    """Per epoch: (src (B, S), tgt_in (B, T), tgt_out (B, T)) batches of at most ``max_tokens``.
+
+    Sentences sorted by length, packed up to ``max_tokens`` padded tokens, batch order shuffled.
+    """
+    size = [max(len(s), len(t)) for s, t in examples]
+    groups: list[list[int]] = [[]]
+    for i in sorted(range(len(examples)), key=size.__getitem__):
+        # sorted by length, so this example is the longest of its batch
+        if groups[-1] and (len(groups[-1]) + 1) * size[i] > max_tokens:
+            groups.append([])
+        groups[-1].append(i)
+
+    def pad(rows: list[list[int]]) -> Tensor:
+        out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+        for r, row in enumerate(rows):
+            out[r, : len(row)] = torch.tensor(row)
+        return out
+
+    def epoch_batches(epoch: int) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+        for g in torch.randperm(len(groups), generator=generator).tolist():
+            rows = [examples[i] for i in groups[g]]
+            tgt = pad([t for _, t in rows])
+            yield pad([s for s, _ in rows]), tgt[:, :-1], tgt[:, 1:]
+
+    return epoch_batches
+
+
+@torch.no_grad()
+def translate(
+    model: PeerTranslator, sources: list[list[int]], beam: int, batch_size: int = 64
+) -> list[list[int]]:
+    """Greedy (beam 1) or beam search, the whole prefix re-decoded each step (no cache).
+
+    Beam scores are summed log-probabilities divided by the hypothesis length.
+    """
+    results: list[list[int]] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = sources[start : start + batch_size]
+        src = torch.full((len(chunk), max(map(len, chunk))), PAD_ID, dtype=torch.long)
+        for r, row in enumerate(chunk):
+            src[r, : len(row)] = torch.tensor(row)
+        results += _search(model, src, beam, max_new=int(src.size(1) * 1.5) + 10)
+    return results
+
+
+def _search(model: PeerTranslator, src: Tensor, beam: int, max_new: int) -> list[list[int]]:
+    """Beam search over a batch (B, S); returns each sentence's best ids without BOS/EOS."""
+    b = src.size(0)
+    src = src.repeat_interleave(beam, dim=0)  # (B*K, S)
+    src_padding = src.eq(PAD_ID)
+    memory = model.transformer.encoder(
+        model.embed(src), src_key_padding_mask=src_padding
+    )  # (B*K, S, D)
+    tokens = torch.full((b * beam, 1), BOS_ID, dtype=torch.long)  # (B*K, 1)
+    scores = torch.zeros(b, beam)
+    scores[:, 1:] = float("-inf")  # at first only one live hypothesis per sentence
+    finished = torch.zeros(b * beam, dtype=torch.bool)
+    lengths = torch.zeros(b * beam)
+    for _ in range(max_new):
+        t = tokens.size(1)
+        causal = nn.Transformer.generate_square_subsequent_mask(t).isinf()
+        hidden = model.transformer.decoder(
+            model.embed(tokens),
+            memory,
+            tgt_mask=causal,
+            memory_key_padding_mask=src_padding,
+            tgt_is_causal=True,
+        )
+        logp = F.log_softmax(model.output(hidden[:, -1]).float(), dim=-1)  # (B*K, V)
+        vocab = logp.size(-1)
+        logp[:, [PAD_ID, BOS_ID]] = float("-inf")  # never predicted
+        # A finished hypothesis only extends with padding, at no cost.
+        logp[finished] = float("-inf")
+        logp[finished, PAD_ID] = 0.0
+        total = (scores.reshape(-1, 1) + logp).reshape(b, beam * vocab)  # (B, K*V)
+        scores, flat = total.topk(beam, dim=-1)  # (B, K)
+        origin = (flat // vocab + torch.arange(b)[:, None] * beam).reshape(-1)  # (B*K,)
+        new = (flat % vocab).reshape(-1, 1)
+        tokens = torch.cat([tokens[origin], new], dim=1)
+        was_finished = finished[origin]
+        lengths = lengths[origin] + (~was_finished).float()
+        finished = was_finished | new.squeeze(1).eq(EOS_ID)
+        if finished.all():
+            break
+    normalized = scores.reshape(-1) / lengths.clamp(min=1)
+    best = normalized.reshape(b, beam).argmax(dim=-1) + torch.arange(b) * beam
+    out = []
+    for row in tokens[best].tolist():
+        ids = [i for i in row[1:] if i not in (PAD_ID,)]
+        out.append(ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids)
+    return out

@@ -44,13 +44,6 @@ class TrainConfig:
     max_time: float | None = option(
         None, "stop after this many seconds of training (validation included)"
     )
-    # "wall": max_time is wall-clock time. "cpu": the process's CPU time divided by its threads,
-    # i.e. the time it had the whole machine, so a budget holds on a machine others share.
-    clock: str = option(
-        "wall",
-        "what --max-time counts: wall-clock time, or CPU time per thread (a shared machine)",
-        choices=("wall", "cpu"),
-    )
     max_epochs: int | None = option(None, "stop after this many passes over the training data")
     lr: float = option(7e-4, "peak learning rate, reached at the end of warmup")
     warmup_steps: int = option(4000, "steps of linear warmup before the inverse-square-root decay")
@@ -62,7 +55,7 @@ class TrainConfig:
     accumulate: int = option(1, "batches whose gradients are summed per optimizer step")
     precision: str = option(
         "auto",
-        "auto: bf16 autocast where the CPU or GPU supports it; bf16; fp32",
+        "auto: bf16 autocast where it measures faster than fp32 on this machine; bf16; fp32",
         choices=PRECISIONS,
     )
     seed: int = option(1, "random seed of initialisation, batch order and dropout")
@@ -101,7 +94,6 @@ class TrainConfig:
             "log_every": self.log_every >= 1,
             "patience": self.patience is None or self.patience >= 1,
             "precision": self.precision in PRECISIONS,
-            "clock": self.clock in ("wall", "cpu"),
             "average_last": self.average_last >= 0,
             "strategy": self.strategy in STRATEGIES,
         }
@@ -230,7 +222,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until max_steps, max_time, max_epochs or early stopping; return the summary."""
         config = self.config
-        self.start = self._clock()
+        self.start = time.monotonic()
         wall_start = time.monotonic()
         self.progress = TrainingProgress(
             config.progress and self.is_main,
@@ -276,13 +268,8 @@ class Trainer:
         return self._finish(reason)
 
     def elapsed(self) -> float:
-        """Seconds of training so far, on ``config.clock``, earlier runs of a resume included."""
-        return self.elapsed_before + self._clock() - self.start
-
-    def _clock(self) -> float:
-        if self.config.clock == "cpu":
-            return time.process_time() / torch.get_num_threads()
-        return time.monotonic()
+        """Wall-clock seconds of training so far, earlier runs of a resume included."""
+        return self.elapsed_before + time.monotonic() - self.start
 
     def _epoch_batches(self) -> list[Any]:
         if getattr(self, "_batches_epoch", None) != self.epoch:
@@ -456,7 +443,6 @@ class Trainer:
             "steps": self.step,
             "epochs": self.epoch,
             "stopped_by": reason,
-            "clock": self.config.clock,
             "wall_seconds": round(self.wall_seconds, 1),
             "world_size": self.world,
             "precision": self.precision.precision,

@@ -1,0 +1,124 @@
+"""What every quality benchmark shares: a quiet machine, qkv run from its own command line,
+the seeds' mean and spread, and one JSON with both sides' figures and the commands.
+
+A benchmark trains qkv with ``qkv train JOB`` (the job's defaults, the data and the wall-clock
+budget only) and then its peer from ``benchmarks/peers/`` with the same data, tokenizer and
+budget, in the same invocation, one after the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .measure import cpu_info
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+DATA = ROOT.parents[1] / "shared" / "data"
+# A 1-minute load average above this many runnable processes per core means someone else
+# is using the machine: a wall-clock budget would then buy less training than it says.
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def machine() -> dict[str, Any]:
+    """Cores, processor and its bf16 features, torch, and the load average now."""
+    return {
+        "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        **cpu_info(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def check_quiet(allow_busy: bool) -> list[str]:
+    """Refuse to start on a busy machine (or, with ``allow_busy``, return the warning)."""
+    load = os.getloadavg()[0]
+    cores = len(os.sched_getaffinity(0))
+    if load <= BUSY_LOAD_PER_CORE * cores:
+        return []
+    message = (
+        f"the machine is busy (1-minute load average {load:.2f} on {cores} cores): "
+        "wall-clock budgets would buy less training than they say"
+    )
+    if not allow_busy:
+        raise SystemExit(f"{message}; wait for quiet, or pass --allow-busy to record it")
+    warnings.warn(message, stacklevel=2)
+    return [message]
+
+
+def busy_during(start_load: float) -> list[str]:
+    """A warning when the load average after a run shows others shared the machine."""
+    load = os.getloadavg()[0]
+    cores = len(os.sched_getaffinity(0))
+    # The benchmark itself keeps about `threads` cores busy.
+    ours = min(torch.get_num_threads(), cores)
+    if load > ours + BUSY_LOAD_PER_CORE * cores:
+        return [f"load average {load:.2f} after the run (started at {start_load:.2f})"]
+    return []
+
+
+def qkv(*args: object, threads: int | None = None) -> tuple[str, float]:
+    """Run ``qkv ARGS`` as a user would; return the command line and its wall seconds."""
+    argv = [sys.executable, "-m", "qkv", *map(str, args)]
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, env=env)
+    command = "qkv " + shlex.join(map(str, args))
+    return command, round(time.perf_counter() - start, 1)
+
+
+def read_summary(run: Path) -> dict[str, Any]:
+    return json.loads((run / "summary.json").read_text())
+
+
+def mean_sd(values: Sequence[float]) -> dict[str, Any]:
+    """Mean and sample standard deviation (0 for one value), rounded for a table."""
+    values = list(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {
+        "values": [round(v, 2) for v in values],
+        "mean": round(statistics.fmean(values), 2),
+        "sd": round(sd, 2),
+        "n": len(values),
+    }
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """The results JSON: the figures, the machine, the commands that made them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = {"command": "python " + shlex.join(sys.argv), **report}
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"results in {path}")
+
+
+def common_arguments(parser, budget_seconds: float, seeds: int = 1) -> None:
+    """--seconds, --seeds, --allow-busy, --threads: the options every benchmark has."""
+    parser.add_argument(
+        "--seconds", type=float, default=budget_seconds, help="wall-clock training budget"
+    )
+    parser.add_argument("--seeds", type=int, default=seeds, help="seeds 1..N, each side")
+    parser.add_argument(
+        "--allow-busy",
+        action="store_true",
+        help="run on a busy machine and record the warning in the results",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: all cores)"
+    )
