@@ -6,8 +6,9 @@ so a crash leaves either the old file or the new one, never half of one.
 A run folder holds:
     config.json          task name, ModelConfig, TrainConfig and the task's own settings
     model.safetensors    the weights to use (the best validation checkpoint)
-    last.safetensors     the latest weights, with state.pt, for --resume
-    state.pt             optimizer, scheduler, step, epoch, RNG states
+    state.pt             for --resume: the latest weights, optimizer, scheduler, step, data
+                         position, RNG states, in one file, so they are replaced together
+    last.safetensors     the latest weights alone, a copy of those in state.pt
     metrics.csv          one row per log step
     tokenizer.json ...   whatever the task needs to read its inputs
 """
@@ -34,7 +35,9 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 LAST_WEIGHTS = "last.safetensors"
 STATE = "state.pt"
+LOOP_BEST = "checkpoints/loop_best.safetensors"  # set aside while a finished run's average wins
 METRICS = "metrics.csv"
+STATE_KEYS = {"step", "epoch", "batch_index", "model", "optimizer", "scheduler", "rng"}
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -51,6 +54,12 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as error:  # a full disk, a folder made read-only meanwhile, ...
+        Path(tmp).unlink(missing_ok=True)
+        kept = "the previous version is intact" if path.exists() else "nothing was written"
+        raise InputError(
+            f"{path}: could not be written ({error.strerror or error}); {kept}"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -72,7 +81,17 @@ def save_weights(model: nn.Module, path: Path) -> None:
 def load_weights(model: nn.Module, path: Path) -> None:
     if not Path(path).is_file():
         raise InputError(f"{path}: no weights here; is this a qkv run folder?")
-    missing, unexpected = load_model(model, str(path), strict=False)
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except RuntimeError as error:  # shapes of another model size
+        first = str(error).strip().splitlines()[-1].strip()
+        raise InputError(
+            f"{path}: the weights do not fit this model ({first}); was config.json changed?"
+        ) from None
+    except Exception as error:  # SafetensorError: truncated or not safetensors at all
+        raise InputError(
+            f"{path}: not a readable safetensors file ({error}); the file is damaged"
+        ) from None
     if unexpected or missing:
         raise InputError(
             f"{path}: the weights do not fit this model (missing {sorted(missing)}, "
@@ -85,7 +104,15 @@ def save_state(state: dict[str, Any], path: Path) -> None:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """state.pt, read with ``weights_only=True``: nothing in a run folder is unpickled freely."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated, not a torch file, or unsafe to unpickle
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputError(f"{path}: not a readable training state ({first})") from None
+    if not isinstance(state, dict) or not STATE_KEYS <= state.keys():
+        raise InputError(f"{path}: not a qkv training state (keys missing); the file is damaged")
+    return state
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
@@ -134,7 +161,11 @@ def _as_tuple(value: Any) -> Any:
 
 
 class MetricsLog:
-    """metrics.csv, rewritten atomically on every row so a crash never leaves half a line."""
+    """metrics.csv, one appended and fsync'd line per row.
+
+    A crash can tear only the last line; ``resume`` drops it along with rows later than the
+    checkpoint being resumed.
+    """
 
     def __init__(self, path: Path, metric_names: tuple[str, ...]) -> None:
         self.path = path
@@ -145,21 +176,54 @@ class MetricsLog:
             "lr",
             "train_loss",
             "tokens_per_s",
+            "skipped_steps",
             "val_loss",
             *[f"val_{m}" for m in metric_names if m != "loss"],
+            "note",  # "final": a validation after the loop stopped (dropped by a resume)
         ]
-        self.rows: list[dict[str, Any]] = []
+        self.started = False
 
     def resume(self, step: int) -> None:
-        """Keep the rows up to ``step``; later ones belong to the run being replaced."""
+        """Keep the complete rows up to ``step``; later ones belong to the run being replaced."""
+        kept: list[dict[str, Any]] = []
         if self.path.is_file():
-            with open(self.path, newline="", encoding="utf-8") as f:
-                self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+            complete = text[: text.rfind("\n") + 1]  # a torn last line has no newline
+            for row in csv.DictReader(io.StringIO(complete)):
+                try:
+                    if int(row["step"]) <= step and row.get("note") != "final":
+                        kept.append(row)
+                except (KeyError, TypeError, ValueError):
+                    raise InputError(
+                        f"{self.path}: row {len(kept) + 2} is not a metrics row; the file is "
+                        "damaged (move it away to resume without it)"
+                    ) from None
+        self._rewrite(kept)
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append({c: row.get(c, "") for c in self.columns})
+        if not self.started:
+            self._rewrite([])
         out = io.StringIO()
-        writer = csv.DictWriter(out, self.columns, lineterminator="\n")
+        csv.DictWriter(out, self.columns, lineterminator="\n").writerow(
+            {c: row.get(c, "") for c in self.columns}
+        )
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(out.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as error:
+            raise InputError(
+                f"{self.path}: could not be written ({error.strerror or error}); the rows "
+                "before are intact"
+            ) from None
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        out = io.StringIO()
+        writer = csv.DictWriter(
+            out, self.columns, lineterminator="\n", extrasaction="ignore", restval=""
+        )
         writer.writeheader()
-        writer.writerows(self.rows)
+        writer.writerows(rows)
         write_text(self.path, out.getvalue())
+        self.started = True

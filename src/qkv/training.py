@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import time
 from contextlib import nullcontext
@@ -64,6 +65,10 @@ class TrainConfig:
         50, "write a metrics.csv row (and a progress line when not on a terminal) every N steps"
     )
     patience: int | None = option(None, "stop after N validations without improvement")
+    max_nonfinite: int = option(
+        5,
+        "a step whose loss or gradient is NaN or inf is skipped; stop after this many in a row",
+    )
     average_last: int = option(
         0, "at the end, average the weights of the last N checkpoints if that helps"
     )
@@ -95,6 +100,7 @@ class TrainConfig:
             "patience": self.patience is None or self.patience >= 1,
             "precision": self.precision in PRECISIONS,
             "average_last": self.average_last >= 0,
+            "max_nonfinite": self.max_nonfinite >= 1,
             "strategy": self.strategy in STRATEGIES,
         }
         bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
@@ -196,6 +202,7 @@ class Trainer:
         self.best: float | None = None
         self.bad_evals, self.elapsed_before, self.tokens_seen = 0, 0.0, 0
         self.saved: list[Path] = []
+        self.skipped_steps = self.nonfinite_in_row = self._last_saved_step = 0
         self.tensorboard = self._tensorboard()
         if state is not None:
             self._resume(state)
@@ -251,6 +258,8 @@ class Trainer:
                 self.epoch, self.batch_index = self.epoch + 1, 0
                 continue
             loss, tokens = self._train_step(batches)
+            if tokens < 0:  # skipped: the loss or the gradient was not finite
+                continue
             window_loss, window_tokens = window_loss + loss, window_tokens + tokens
             if self.step % config.log_every == 0:
                 rate = window_tokens * self.world / max(time.monotonic() - window_start, 1e-9)
@@ -298,14 +307,40 @@ class Trainer:
                 (loss / self.config.accumulate).backward()
             total_loss += loss.item() / self.config.accumulate
             total_tokens += tokens
-        if self.config.clip_norm > 0:
-            nn.utils.clip_grad_norm_(self.train_module.parameters(), self.config.clip_norm)
+        # The norm is taken over the averaged gradients, so every rank sees the same value.
+        norm = nn.utils.clip_grad_norm_(
+            self.train_module.parameters(), self.config.clip_norm or math.inf
+        )
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: DTensor
+        # Every rank decides on the shared norm; a single process may also go by its loss.
+        if not torch.isfinite(norm).item() or (self.world == 1 and not math.isfinite(total_loss)):
+            return self._skip_step(total_loss)
+        self.nonfinite_in_row = 0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
         self.tokens_seen += total_tokens * self.world
         return total_loss, total_tokens
+
+    def _skip_step(self, loss: float) -> tuple[float, int]:
+        """Drop this step's gradients; after ``max_nonfinite`` in a row, stop training."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_steps += 1
+        self.nonfinite_in_row += 1
+        self.progress.write(f"step {self.step + 1}: loss {loss}, not finite; the step is skipped")
+        if self.nonfinite_in_row >= self.config.max_nonfinite:
+            kept = (
+                f"the last checkpoint (step {self._last_saved_step}) in {self.run_dir} is intact"
+                if self._last_saved_step
+                else "no checkpoint was saved yet"
+            )
+            raise InputError(
+                f"training stopped at step {self.step}: {self.nonfinite_in_row} steps in a row "
+                f"had a loss or gradient that is not finite; {kept}. Lower --lr, raise "
+                "--warmup-steps or train with --precision fp32"
+            )
+        return loss, -1
 
     def _log_train(self, loss: float, tokens_per_s: float) -> None:
         lr = self.scheduler.get_last_lr()[0]
@@ -323,6 +358,7 @@ class Trainer:
                     "elapsed_s": f"{self.elapsed():.1f}",
                     "train_loss": f"{loss:.4f}",
                     "tokens_per_s": f"{tokens_per_s:.0f}",
+                    "skipped_steps": self.skipped_steps,
                 }
             )
             if self.tensorboard:
@@ -346,11 +382,13 @@ class Trainer:
                 self.bad_evals += 1
             self._save_for_average()
             self._save_resume_state(optimizer_state)
+            self._prune_averaged()
             patience = self.config.patience
             stop = patience is not None and self.bad_evals >= patience
         return broadcast_flag(stop, self.world, self.device)
 
-    def _validate(self) -> dict[str, float]:
+    def _validate(self, final: bool = False) -> dict[str, float]:
+        """Validate and log; ``final``: after the loop stopped (a row marked final)."""
         self.model.eval()
         with torch.no_grad(), self._autocast():
             metrics = self.task.validate(self.model)
@@ -361,6 +399,7 @@ class Trainer:
                 "epoch": self.epoch,
                 "elapsed_s": f"{self.elapsed():.1f}",
                 **{f"val_{k}": f"{v:.4f}" for k, v in metrics.items()},
+                "note": "final" if final else "",
             }
         )
         if self.tensorboard:
@@ -377,36 +416,54 @@ class Trainer:
         path = self.run_dir / "checkpoints" / f"step_{self.step}.safetensors"
         ckpt.save_weights(self.model, path)
         self.saved.append(path)
+
+    def _prune_averaged(self) -> None:
+        """Delete checkpoints no longer averaged, only once state.pt no longer lists them."""
+        if self.config.average_last <= 0:
+            return
         for old in self.saved[: -self.config.average_last]:
             old.unlink(missing_ok=True)
         self.saved = self.saved[-self.config.average_last :]
 
     def _save_resume_state(self, optimizer_state: dict[str, Any]) -> None:
-        ckpt.save_weights(self.model, self.run_dir / ckpt.LAST_WEIGHTS)
+        """state.pt is the commit point of a checkpoint: a crash before its rename resumes
+        from the previous one, whose files are all still there."""
         ckpt.save_state(
             {
                 "step": self.step,
+                "model": self.model.state_dict(),
                 "epoch": self.epoch,
                 "batch_index": self.batch_index,
                 "best": self.best,
                 "bad_evals": self.bad_evals,
                 "elapsed": self.elapsed(),
                 "tokens_seen": self.tokens_seen,
-                "saved": [str(p) for p in self.saved],
+                "skipped_steps": self.skipped_steps,
+                "saved": [str(p) for p in self.saved[-max(self.config.average_last, 1) :]],
                 "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(),
                 "rng": ckpt.rng_state(),
             },
             self.run_dir / ckpt.STATE,
         )
+        ckpt.save_weights(self.model, self.run_dir / ckpt.LAST_WEIGHTS)
+        self._last_saved_step = self.step
 
     def _read_resume_state(self, model: nn.Module) -> dict[str, Any]:
-        """Load the last weights into ``model`` (before it is wrapped) and return state.pt."""
+        """Load state.pt's weights into ``model`` (before it is wrapped) and return the state."""
         state_path = self.run_dir / ckpt.STATE
         if not state_path.is_file():
             raise InputError(f"{state_path}: nothing to resume; train without --resume first")
-        ckpt.load_weights(model, self.run_dir / ckpt.LAST_WEIGHTS)
-        return ckpt.load_state(state_path)
+        state = ckpt.load_state(state_path)
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as error:
+            first = str(error).strip().splitlines()[0]
+            raise InputError(
+                f"{state_path}: its weights do not fit this model ({first}); "
+                "was config.json changed?"
+            ) from None
+        return state
 
     def _resume(self, state: dict[str, Any]) -> None:
         self.parallel.load_optimizer_state(self.optimizer, state["optimizer"])
@@ -418,21 +475,41 @@ class Trainer:
         )
         self.best, self.bad_evals = state["best"], state["bad_evals"]
         self.elapsed_before, self.tokens_seen = state["elapsed"], state["tokens_seen"]
+        self.skipped_steps = state.get("skipped_steps", 0)
+        self._last_saved_step = self.step
         self.saved = [Path(p) for p in state["saved"]]
         ckpt.set_rng_state(state["rng"])
         self.log.resume(self.step)
+        kept = self.run_dir / ckpt.LOOP_BEST
+        if self.is_main and kept.is_file():  # an earlier finish replaced the loop's best
+            os.replace(kept, self.run_dir / ckpt.WEIGHTS)
 
     def _finish(self, reason: str) -> dict[str, Any]:
-        """Validate the last steps too, average checkpoints if asked, and write the summary."""
+        """Checkpoint where the loop stopped, then give the user the best weights it can.
+
+        The steps since the last validation are validated and the last checkpoints averaged;
+        either replaces model.safetensors if it validates better. These "final" validations
+        are outside the loop: the resume state is saved before them, their metrics.csv rows
+        are marked ``final``, and a resume puts the loop's own best weights back, so that a
+        run stopped and resumed continues exactly as if it had never stopped.
+        """
+        final_best = self.best
         if self.step % self.config.eval_every != 0:
-            self._validate_and_save()
+            self.parallel.gather()
+            optimizer_state = self.parallel.optimizer_state(self.optimizer)
+            if self.is_main:
+                self._save_resume_state(optimizer_state)
+                final_best = self._keep_if_better(self._validate(final=True), final_best)
         averaged = False
         if self.is_main and len(self.saved) > 1:
-            averaged = self._try_average()
+            ckpt.average_weights(self.saved, self.model)
+            before = final_best
+            final_best = self._keep_if_better(self._validate(final=True), final_best)
+            averaged = final_best != before
         if self.world > 1:  # every rank reports the same summary
-            shared = [self.best, averaged]
+            shared = [final_best, averaged]
             dist.broadcast_object_list(shared, src=0)
-            self.best, averaged = shared
+            final_best, averaged = shared
             dist.barrier()
         if self.is_main:
             ckpt.load_weights(self.model, self.run_dir / ckpt.WEIGHTS)
@@ -449,19 +526,25 @@ class Trainer:
             "precision_reason": self.precision.reason,
             "train_seconds": round(self.elapsed(), 1),
             "tokens_per_second": round(self.tokens_seen / max(self.elapsed(), 1e-9), 1),
-            f"best_val_{self.task.metric}": self.best,
+            f"best_val_{self.task.metric}": final_best,
             "averaged_checkpoints": averaged,
+            "skipped_steps": self.skipped_steps,
         }
 
-    def _try_average(self) -> bool:
-        """Average the last checkpoints; keep the average only if it validates better."""
-        ckpt.average_weights(self.saved, self.model)
-        metrics = self._validate()
-        if metrics[self.task.metric] > (self.best or -math.inf):
-            self.best = metrics[self.task.metric]
-            ckpt.save_weights(self.model, self.run_dir / ckpt.WEIGHTS)
-            return True
-        return False
+    def _keep_if_better(self, metrics: dict[str, float], best: float | None) -> float | None:
+        """Save the model as model.safetensors if it beats ``best``; return the new best.
+
+        The loop's best weights are first set aside in checkpoints/, for a resume.
+        """
+        value = metrics[self.task.metric]
+        if best is not None and value <= best:
+            return best
+        weights, kept = self.run_dir / ckpt.WEIGHTS, self.run_dir / ckpt.LOOP_BEST
+        if weights.is_file() and not kept.is_file():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(weights, kept)
+        ckpt.save_weights(self.model, weights)
+        return value
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -22,6 +22,7 @@ from qkv.jobs.classification import (
     SequenceClassifier,
     read_labeled,
 )
+from qkv.jobs.classification.data import read_texts
 from qkv.jobs.classification.model import pool
 from qkv.jobs.classification.task import mask_tokens
 
@@ -364,6 +365,11 @@ def test_train_refuses_a_validation_label_not_in_training(data, tmp_path, capsys
         (["--pretrain-steps", "-1"], "--pretrain-steps -1 must be 0 or more"),
         (["--pretrain-steps", "2", "--pretrained", "x"], "not both"),
         (["--label-smoothing", "1"], "--label-smoothing 1.0"),
+        (["--pretrain-share", "1"], "--pretrain-share 1.0 must be in [0, 1)"),
+        (
+            ["--pretrain-time", "5", "--max-time", "2"],
+            "--pretrain-time 5 leaves nothing of --max-time 2 for fine-tuning",
+        ),
     ],
 )
 def test_bad_settings_are_one_error_line(data, tmp_path, capsys, options, message):
@@ -382,3 +388,62 @@ def test_a_run_without_pretraining_cannot_seed_another(mean_run, data, tmp_path,
     assert train(data, tmp_path / "run", "--pretrained", str(mean_run)) == 2
     err = capsys.readouterr().err
     assert "holds no pretrained encoder" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- the recipe's defaults
+
+
+@pytest.mark.parametrize(
+    ("settings", "max_time", "budget", "pretrains"),
+    [
+        ({}, 100.0, 75.0, True),  # three quarters of --max-time
+        ({}, None, None, False),  # no time budget: no share of it
+        ({"pretrain_share": 0.0}, 100.0, 0.0, False),
+        ({"pretrain_time": 10.0}, 100.0, 10.0, True),
+        ({"pretrain_steps": 5}, 100.0, None, True),  # steps, not time, end the pretraining
+        ({"pretrained": "earlier-run"}, 100.0, 75.0, False),  # takes that run's encoder
+    ],
+)
+def test_pretraining_takes_its_share_of_the_time_budget(settings, max_time, budget, pretrains):
+    options = ClassifierSettings(**settings)
+    assert options.pretrain_budget(max_time) == budget
+    assert options.pretrains_within(max_time) == pretrains
+
+
+def test_max_time_covers_pretraining_and_fine_tuning(data, tmp_path):
+    out = tmp_path / "run"
+    assert train(data, out, "--max-time", "4", "--max-steps", "1000000") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pretraining"]["task"] == "masked_lm"
+    assert summary["pretraining"]["stopped_by"] == "max_time"
+    # fine-tuning keeps to what pretraining left, and config.json says so for a resume
+    saved = json.loads((out / "config.json").read_text())["train"]["max_time"]
+    assert round(saved, 1) == summary["fine_tuning_max_time"]
+    # (at least a second, should the last pretraining step end past its share)
+    left = max(1.0, 4 - summary["pretraining"]["wall_seconds"] + 0.1)  # + rounding
+    assert 1.0 <= summary["fine_tuning_max_time"] <= left
+
+
+def test_texts_are_lower_cased_in_training_and_prediction(mean_run, data):
+    classifier = Classifier.load(mean_run)
+    assert classifier.settings.lowercase
+    texts = ["the film was GOOD", "A DULL plot"]
+    assert classifier.predict(texts) == classifier.predict([t.lower() for t in texts])
+    upper = data["folder"] / "upper.tsv"
+    write(upper, [(label, text.upper()) for label, text in toy_sentiment(60, 2)], "tsv")
+    assert (
+        classifier.evaluate_data(str(upper), None)["accuracy"]
+        == (classifier.evaluate_data(str(data["valid"]), None)["accuracy"])
+    )
+
+
+def test_unlabeled_conllu_gives_the_raw_sentences(tmp_path):
+    conllu = tmp_path / "treebank.conllu"
+    conllu.write_text(
+        "# sent_id = 1\n# text = Hello, world!\n1\tHello\t_\n2\t,\t_\n\n"
+        "# sent_id = 2\n# text = Bye.\n1\tBye\t_\n"
+    )
+    assert read_texts(conllu) == ["Hello, world!", "Bye."]
+    plain = tmp_path / "texts.txt"
+    plain.write_text("# text = kept as it is\n\nsecond\n")
+    assert read_texts(plain) == ["# text = kept as it is", "second"]

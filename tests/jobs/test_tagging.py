@@ -187,6 +187,31 @@ def test_model_adds_character_vectors_through_the_input_embedding(data):
     torch.testing.assert_close(no_chars(batch.src, batch.word_index, batch.chars), expected)
 
 
+def test_word_dropout_hides_all_subwords_of_a_word_or_none(data):
+    sentences = read_conllu(data["train"])[:8]
+    encoder = WordEncoder.train([s.words for s in sentences], 40)  # small: words split
+    config = ModelConfig.preset("tiny", src_vocab_size=encoder.tokenizer.vocab_size,
+                                n_decoder_layers=0, max_len=64, dropout=0.0)  # fmt: skip
+    model = TaggerModel(config, 5, encoder.n_chars, char_dim=8, token_dropout=0.0,
+                        word_dropout=0.5)  # fmt: skip
+    seen = []
+    model.body.embed.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    batch = collate([e for s in sentences for e in encoder.examples(s.words, None, 64)])
+    model.train()(batch.src, batch.word_index, batch.chars)
+    model.eval()(batch.src, batch.word_index, batch.chars)
+    trained, evaluated = seen
+    torch.testing.assert_close(evaluated, batch.src)  # no dropout when tagging
+    real = batch.src.ne(0)
+    hidden = trained.eq(UNK_ID) & batch.src.ne(UNK_ID)
+    states = set()
+    for u in range(batch.chars.shape[0]):
+        where = batch.word_index.eq(u) & real
+        states.add(tuple(sorted(set(hidden[where].tolist()))))
+    assert states == {(False,), (True,)}  # some words hidden whole, some kept whole
+    multi = [u for u in range(batch.chars.shape[0]) if (batch.word_index.eq(u) & real).sum() > 1]
+    assert multi  # the check above covered words of several subwords
+
+
 @pytest.mark.parametrize(
     "line, says",
     [("2\tdog\tdog\tNOUN\tNN\t_\t0", "10 tab-separated columns but this one has 7"),
@@ -204,7 +229,8 @@ def test_malformed_conllu_is_one_error_line_naming_file_and_line(tmp_path, capsy
 
 @pytest.mark.parametrize(
     "option, value",
-    [("--char-dim", "-1"), ("--token-dropout", "1.0"), ("--max-len", "0"),
+    [("--char-dim", "-1"), ("--token-dropout", "1.0"), ("--word-dropout", "1.0"),
+     ("--max-len", "0"),
      ("--max-tokens", "0"), ("--vocab-size", "3"), ("--label-smoothing", "1.5")],
 )  # fmt: skip
 def test_bad_settings_are_one_error_line_naming_the_option(data, tmp_path, capsys, option, value):
@@ -222,7 +248,7 @@ def test_train_help_shows_the_taggers_options_only(capsys):
     text = capsys.readouterr().out
     assert "--n-decoder-layers" not in text
     options = ("--train --valid --tagset --vocab-size --max-len --max-tokens --char-dim "
-               "--token-dropout --label-smoothing --n-encoder-layers")  # fmt: skip
+               "--token-dropout --word-dropout --label-smoothing --n-encoder-layers")  # fmt: skip
     for name in options.split():
         assert f"{name} " in text
 
@@ -231,7 +257,7 @@ def test_cli_training_writes_a_tagger_run(cli_run):
     config = json.loads((cli_run / "config.json").read_text())
     assert config["job"] == "tagger" and config["settings"]["tagset"] == "upos"
     assert config["model"]["n_decoder_layers"] == 0
-    assert config["model"]["max_len"] == config["settings"]["max_len"] == 128
+    assert config["model"]["max_len"] == config["settings"]["max_len"] == 1024
     assert config["settings"]["max_tokens"] == 300 and config["settings"]["char_dim"] == 16
     labels = json.loads((cli_run / "labels.json").read_text())["labels"]
     assert sorted(labels) == sorted(LEXICON)

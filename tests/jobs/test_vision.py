@@ -269,7 +269,12 @@ def test_cli_run_folder_holds_weights_labels_and_confusion(digits_run):
     assert (settings["image_size"], settings["patch_size"], settings["batch_size"]) == (8, 2, 64)
     assert config["model"]["max_len"] == 17 and config["model"]["norm_first"] is True
     assert config["model"]["n_decoder_layers"] == 0
-    assert config["train"]["lr"] == pytest.approx(1e-3) and config["train"]["precision"] == "fp32"
+    assert config["model"]["activation"] == "gelu"
+    # the benchmarked recipe (benchmarks/vit_digits.py) is what the defaults give
+    train = config["train"]
+    assert train["lr"] == pytest.approx(3e-3) and train["precision"] == "fp32"
+    assert train["average_last"] == 5 and train["weight_decay"] == pytest.approx(0.05)
+    assert (settings["shift"], settings["rotate"], settings["zoom"]) == (1, 10.0, 0.1)
     summary = json.loads((digits_run / "summary.json").read_text())
     assert summary["steps"] == 4 and 0 <= summary["test_accuracy"] <= 100
     assert summary["test_images"] == len(digits_splits()["test"])

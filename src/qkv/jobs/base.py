@@ -64,6 +64,11 @@ class JobSettings:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
+    @classmethod
+    def saved(cls, values: dict[str, Any]) -> JobSettings:
+        """Settings read back from a run folder; a job may fill in what older runs lack."""
+        return cls.from_dict(values)
+
     def check(self) -> None:
         """Raise an ``InputError`` naming the option when a value cannot work."""
         if not 0 <= self.label_smoothing < 1:
@@ -256,7 +261,7 @@ def load_run(
     predictor = job.load_export(run_dir, **options)
     if predictor is not None:
         return predictor
-    settings = job.Settings.from_dict(config.get("settings", {}))
+    settings = job.Settings.saved(config.get("settings", {}))
     prepared = job.load_prepared(settings, run_dir)
     try:
         model_config = ModelConfig.from_dict(config["model"])

@@ -87,7 +87,7 @@ def run_job(
         name, saved = read_job_name(run_dir)
         if name != job.name:
             raise InputError(f"{run_dir}: a {name!r} run; resume it as `qkv train {name}`")
-        settings = job.Settings.from_dict(saved.get("settings", {}))
+        settings = job.Settings.saved(saved.get("settings", {}))
         model_config = ModelConfig.from_dict(saved["model"])
     else:
         settings = job.resolve(settings)

@@ -29,8 +29,10 @@ def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
         raise InputError(f"{path}: no metric rows; train for at least --log-every steps")
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
+        if row.get("note") == "final":  # after the loop (the averaged checkpoints): no curve
+            continue
         for column, value in row.items():
-            if column in ("step", "epoch", "elapsed_s") or value in ("", None):
+            if column in ("step", "epoch", "elapsed_s", "note") or value in ("", None):
                 continue
             try:
                 series.setdefault(column, []).append((float(row["step"]), float(value)))

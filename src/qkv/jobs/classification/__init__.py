@@ -2,14 +2,20 @@
 
 A text becomes subwords, after a ``[CLS]`` token when pooling by it; the encoder's outputs are
 pooled into one vector (the ``[CLS]`` position, or the mean over the real tokens) and a linear
-layer scores the labels. The encoder can first learn the language as a masked language model
-on the training and unlabeled text (``--pretrain-steps``), or start from an earlier run's
-pretrained encoder (``--pretrained``), and is then fine-tuned on the labeled data.
+layer scores the labels. The encoder first learns the language as a masked language model
+on the training and unlabeled text (``--unlabeled``), for ``--pretrain-share`` of the
+``--max-time`` budget (or ``--pretrain-steps``/``--pretrain-time``), or starts from an earlier
+run's pretrained encoder (``--pretrained``); it is then fine-tuned on the labeled data for
+the rest of the budget, the validation texts choosing the best weights.
+
+The defaults are the recipe of ``benchmarks/classification_sst2.py``: a 2-layer encoder of
+width 128, pretrained for three quarters of the budget, then fine-tuned with strong dropout.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,27 +71,46 @@ class ClassifierSettings(JobSettings):
         "one vector per text: a [CLS] token's output or the mean of the token outputs",
         choices=POOLINGS,
     )
-    vocab_size: int = option(8000, "subword vocabulary size")
-    max_len: int = option(256, "subwords kept per text, [CLS] included; longer texts are cut")
-    max_tokens: int = option(2048, "tokens per batch, padding included (batches built by length)")
-    # Chance that a word token is replaced by <unk> while training (regularisation).
-    word_dropout: float = option(0.0, "chance that a training word is replaced by <unk>")
+    # A vocabulary of 12k subwords covers SST-2 and the unlabeled English with whole words
+    # for nearly every frequent word.
+    vocab_size: int = option(12000, "subword vocabulary size")
+    max_len: int = option(128, "subwords kept per text, [CLS] included; longer texts are cut")
+    max_tokens: int = option(1024, "tokens per batch, padding included (batches built by length)")
+    # Chance that a word token is replaced by <unk> while training (regularisation): a few
+    # thousand labeled sentences overfit a Transformer within a few epochs without it.
+    word_dropout: float = option(0.1, "chance that a training word is replaced by <unk>")
+    # Lower-casing makes differently cased unlabeled text (news, captions) share the
+    # subwords of lower-cased data like SST-2; prediction lower-cases the same way.
+    lowercase: bool = option(True, "lower-case every text before the tokenizer")
     unlabeled: list[str] = option(
         [],
-        "unlabeled text, one a line, for the vocabulary and pretraining (repeatable)",
+        "unlabeled text for the vocabulary and pretraining: one text a line, or the "
+        "'# text =' lines of a .conllu file (repeatable)",
         metavar="FILE",
     )
+    # With --max-time the budget covers the whole run: pretraining takes this share, and
+    # fine-tuning the rest. The masked language model learns from far more text than the
+    # labeled data, so most of a short budget goes to it.
+    pretrain_share: float = option(
+        0.75,
+        "share of --max-time spent pretraining when neither --pretrain-steps nor "
+        "--pretrain-time is given (0 skips pretraining)",
+    )
     pretrain_steps: int = option(
-        0, "masked-language-model steps before fine-tuning; 0 skips pretraining"
+        0, "masked-language-model steps before fine-tuning; 0 leaves it to the time budget"
     )
     pretrain_time: float | None = option(
-        None, "seconds of pretraining at most (with or instead of --pretrain-steps)", metavar="X"
+        None,
+        "seconds of pretraining at most (with or instead of --pretrain-steps); with "
+        "--max-time, part of that budget",
+        metavar="X",
     )
+    # Pretraining batches are larger: masked-token prediction is a noisier signal per text.
     pretrain_max_tokens: int | None = option(
-        None, "tokens per pretraining batch; none takes --max-tokens", metavar="N"
+        4096, "tokens per pretraining batch; none takes --max-tokens", metavar="N"
     )
     pretrain_lr: float | None = option(
-        None, "peak learning rate of pretraining; none takes --lr", metavar="X"
+        2e-3, "peak learning rate of pretraining; none takes --lr", metavar="X"
     )
     pretrained: str | None = option(
         None,
@@ -97,6 +122,11 @@ class ClassifierSettings(JobSettings):
     # Unlabeled text is plentiful next to the labeled data, so the language model needs less
     # dropout than the classifier.
     pretrain_dropout: float = option(0.1, "dropout while pretraining")
+
+    @classmethod
+    def saved(cls, values: dict[str, Any]) -> ClassifierSettings:
+        # A run saved before --lowercase existed was trained on texts as they were.
+        return cls.from_dict({"lowercase": False, **values})
 
     def check(self) -> None:
         super().check()
@@ -114,6 +144,11 @@ class ClassifierSettings(JobSettings):
                 "in [0, 1)",
             ),
             "--pretrain-steps": (self.pretrain_steps, self.pretrain_steps >= 0, "0 or more"),
+            "--pretrain-share": (
+                self.pretrain_share,
+                0.0 <= self.pretrain_share < 1.0,
+                "in [0, 1)",
+            ),
         }
         for flag, (value, fine, allowed) in ranges.items():
             if not fine:
@@ -135,8 +170,27 @@ class ClassifierSettings(JobSettings):
 
     @property
     def pretrains(self) -> bool:
-        """Whether this run pretrains its encoder itself."""
+        """Whether this run pretrains its encoder itself, whatever the time budget."""
         return bool(self.pretrain_steps) or self.pretrain_time is not None
+
+    def pretrain_budget(self, max_time: float | None) -> float | None:
+        """Seconds of pretraining within a run of ``max_time`` seconds (None: no time limit).
+
+        ``--pretrain-time`` when given, else ``--pretrain-share`` of ``max_time`` when the run
+        has one and ``--pretrain-steps`` is not given, else no limit.
+        """
+        if self.pretrain_time is not None:
+            return self.pretrain_time
+        if max_time is not None and not self.pretrain_steps:
+            return self.pretrain_share * max_time
+        return None
+
+    def pretrains_within(self, max_time: float | None) -> bool:
+        """Whether a run of ``max_time`` seconds (None: steps only) pretrains its encoder."""
+        if self.pretrained is not None:
+            return False
+        budget = self.pretrain_budget(max_time)
+        return self.pretrains or (budget is not None and budget > 0)
 
 
 @dataclass
@@ -152,8 +206,9 @@ class ClassifierJob(Job):
     summary = "one label per text (e.g. sentiment): labeled lines in, a classifier out"
     description = (
         "Train a sentence classifier on the encoder alone. A subword vocabulary is learned "
-        "from the training text (and --unlabeled text) and saved in the run; the encoder can "
-        "first be pretrained as a masked language model (--pretrain-steps)."
+        "from the training text (and --unlabeled text) and saved in the run; the encoder is "
+        "first pretrained as a masked language model on that text, for --pretrain-share of "
+        "--max-time (or --pretrain-steps), then fine-tuned for the rest."
     )
     Settings = ClassifierSettings
     PredictOptions = ClassifyOptions
@@ -165,7 +220,30 @@ class ClassifierJob(Job):
     )
     model_options = ENCODER_OPTIONS
     preset = "small"
-    train_defaults = {"max_steps": 3000, "eval_every": 200, "warmup_steps": 200, "patience": 10}
+    # Narrow and shallow: on a CPU budget of minutes, more steps beat more width; pre-norm
+    # GELU layers train at the pretraining's high learning rate.
+    model_defaults = {
+        "d_model": 128,
+        "n_heads": 4,
+        "d_ff": 512,
+        "n_encoder_layers": 2,
+        "dropout": 0.3,  # a few thousand labeled texts: strong dropout while fine-tuning
+        "activation": "gelu",
+        "norm_first": True,
+    }
+    # Frequent validation with patience: fine-tuning overfits within a few epochs, and the
+    # average of the last checkpoints is kept when it scores better.
+    train_defaults = {
+        "max_steps": 20000,
+        "eval_every": 50,
+        "warmup_steps": 100,
+        "lr": 5e-4,
+        "weight_decay": 0.1,
+        "patience": 8,
+        "average_last": 5,
+        # bf16 autocast costs more in casts than it saves at this width on a CPU.
+        "precision": "fp32",
+    }
 
     def read_data(self, settings: ClassifierSettings) -> dict[str, Any]:
         """Train and valid ``LabeledTexts`` and the unlabeled texts; checks the valid labels."""
@@ -175,6 +253,10 @@ class ClassifierJob(Job):
         for i, label in enumerate(valid.labels):
             known.id(label, valid.where(i))  # an unknown label is an InputError, on every rank
         unlabeled = [text for path in settings.unlabeled for text in read_texts(path)]
+        if settings.lowercase:
+            for texts in (train, valid):
+                texts.texts = [t.lower() for t in texts.texts]
+            unlabeled = [t.lower() for t in unlabeled]
         return {"train": train, "valid": valid, "unlabeled": unlabeled}
 
     def prepare(self, settings: ClassifierSettings, data: Any, run_dir: Path) -> Prepared:
@@ -223,15 +305,26 @@ class ClassifierJob(Job):
         train_config: TrainConfig,
         device: str | torch.device | None = None,
     ) -> dict[str, Any]:
-        """Pretrain the encoder (``--pretrain-steps``) or copy the ``--pretrained`` one.
+        """Pretrain the encoder or copy the ``--pretrained`` one.
 
-        ``device`` is where the pretraining runs (default: as the ``Trainer`` chooses).
+        With ``train_config.max_time`` the whole run keeps to it: pretraining takes its
+        budget out of it, and ``train_config.max_time`` becomes what is left for fine-tuning
+        (config.json records that, so a resumed fine-tuning keeps to it too). ``device`` is
+        where the pretraining runs (default: as the ``Trainer`` chooses).
         """
         if settings.pretrained is not None:
             load_encoder(model, pretrained_weights(settings.pretrained))
             return {"pretraining": None}
-        if not settings.pretrains:
+        max_time = train_config.max_time
+        if not settings.pretrains_within(max_time):
             return {"pretraining": None}
+        budget = settings.pretrain_budget(max_time)
+        if max_time is not None and budget is not None and budget >= max_time:
+            raise InputError(
+                f"--pretrain-time {budget:g} leaves nothing of --max-time {max_time:g} for "
+                "fine-tuning; give a shorter --pretrain-time or a longer --max-time"
+            )
+        started = time.monotonic()
         cls = settings.pooling == "cls"
         texts = [*data["train"].texts, *data.get("unlabeled", [])]
         train_ids = encode_texts(prepared.tokenizer, texts, settings.max_len, cls)
@@ -241,7 +334,7 @@ class ClassifierJob(Job):
             settings.pretrain_steps or 1_000_000,
             settings.pretrain_lr,
             Path(train_config.out),
-            settings.pretrain_time,
+            budget,
         )
         summary = pretrain_encoder(
             model,
@@ -253,7 +346,10 @@ class ClassifierJob(Job):
             settings.pretrain_dropout,
             device,
         )
-        return {"pretraining": summary}
+        if max_time is None:
+            return {"pretraining": summary}
+        train_config.max_time = max(max_time - (time.monotonic() - started), 1.0)
+        return {"pretraining": summary, "fine_tuning_max_time": round(train_config.max_time, 1)}
 
     def build_task(
         self, settings: ClassifierSettings, prepared: Prepared, data: Any

@@ -60,6 +60,8 @@ class Classifier(Predictor):
         return self.model.pooling == "cls"
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        if getattr(self.settings, "lowercase", False):
+            texts = [t.lower() for t in texts]  # as the run's training texts were
         return encode_texts(self.tokenizer, texts, self.max_len, self.uses_cls)
 
     @torch.no_grad()

@@ -46,7 +46,7 @@ class TaggerSettings(JobSettings):
     )
     vocab_size: int = option(4000, "subword vocabulary size")
     max_len: int = option(
-        128, "longest piece in subwords; longer sentences are cut between words into pieces"
+        1024, "longest piece in subwords; longer sentences are cut between words into pieces"
     )
     max_tokens: int = option(
         2000, "subwords per training batch, padding included (batches are built by length)"
@@ -58,6 +58,11 @@ class TaggerSettings(JobSettings):
         0.1,
         "share of subwords hidden as <unk> while training, so that unseen words are tagged "
         "from characters and context",
+    )
+    word_dropout: float = option(
+        0.0,
+        "share of a batch's distinct words whose subwords all become <unk> while training, "
+        "as unseen words are missing from the vocabulary",
     )
 
     def check(self) -> None:
@@ -74,6 +79,8 @@ class TaggerSettings(JobSettings):
             raise InputError(f"--char-dim {self.char_dim} must be 0 (no characters) or more")
         if not 0 <= self.token_dropout < 1:
             raise InputError(f"--token-dropout {self.token_dropout} must be in [0, 1)")
+        if not 0 <= self.word_dropout < 1:
+            raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
 
 
 class TaggerInputs(NamedTuple):
@@ -101,8 +108,19 @@ class TaggerJob(Job):
         "lines (an empty line gives an empty line) or CoNLL-U blocks."
     )
     model_options = ENCODER_OPTIONS
+    # Pre-norm layers and dropout 0.2: the treebank is small (200k words) for a model trained
+    # from scratch.
+    model_defaults = {"norm_first": True, "dropout": 0.2}
     preset = "small"
-    train_defaults = {"max_steps": 20000, "eval_every": 500, "warmup_steps": 500, "lr": 1e-3}
+    # Short warmup and frequent validation, so that a budget of minutes still picks and
+    # averages good checkpoints.
+    train_defaults = {
+        "max_steps": 20000,
+        "eval_every": 200,
+        "warmup_steps": 300,
+        "lr": 1e-3,
+        "average_last": 5,
+    }
 
     def read_data(self, settings: TaggerSettings) -> dict[str, list[TaggedSentence]]:
         return {
@@ -143,6 +161,7 @@ class TaggerJob(Job):
             prepared.encoder.n_chars,
             settings.char_dim,
             settings.token_dropout,
+            settings.word_dropout,
         )
 
     def build_task(

@@ -51,6 +51,8 @@ class TaggerModel(nn.Module):
         char_dim: E, width of the character embeddings; 0 leaves out the character encoder.
         token_dropout: while training, the share of subwords replaced by ``<unk>``, so that
             the model learns to tag words from their characters and context alone.
+        word_dropout: while training, the share of a batch's distinct words whose subwords
+            all become ``<unk>``: whole words go missing, as unseen words do.
     """
 
     def __init__(
@@ -60,9 +62,11 @@ class TaggerModel(nn.Module):
         n_chars: int,
         char_dim: int = 64,
         token_dropout: float = 0.1,
+        word_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.config, self.token_dropout = config, token_dropout
+        self.word_dropout = word_dropout
         self.body = EncoderModel(config)
         self.chars = CharEncoder(n_chars, char_dim, config.d_model) if char_dim > 0 else None
         self.head = nn.Linear(config.d_model, n_labels)
@@ -81,7 +85,11 @@ class TaggerModel(nn.Module):
         tokens = src
         if self.training and self.token_dropout > 0:
             drop = torch.rand(src.shape, device=src.device) < self.token_dropout
-            tokens = src.masked_fill(drop & (src != PAD_ID), UNK_ID)
+            tokens = tokens.masked_fill(drop & (src != PAD_ID), UNK_ID)
+        if self.training and self.word_dropout > 0:
+            # One draw per distinct word (a row of chars), spread to all of its subwords.
+            dropped = torch.rand(chars.shape[0], device=src.device) < self.word_dropout  # (U,)
+            tokens = tokens.masked_fill(dropped[word_index] & (src != PAD_ID), UNK_ID)
         # EncoderModel.forward embeds the tokens itself, so the character vectors go in
         # through its InputEmbedding and its Encoder, called one after the other here.
         extra = None if self.chars is None else self.chars(chars)[word_index]  # (B, S, D)

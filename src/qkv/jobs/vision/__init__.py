@@ -61,9 +61,11 @@ class VisionSettings(JobSettings):
     )
     batch_size: int = option(64, "images per batch")
     shift: int = option(1, "augmentation: move training images by up to this many pixels")
-    rotate: float = option(0.0, "augmentation: rotate training images by up to this many degrees")
+    # Rotation and zoom on top of the shift: on the digits' validation split they gained
+    # about a point at 2,000 steps (seeds 1-3), at no measurable cost per step.
+    rotate: float = option(10.0, "augmentation: rotate training images by up to this many degrees")
     zoom: float = option(
-        0.0, "augmentation: scale training images by up to this share, 0.1 is 90%%..110%%"
+        0.1, "augmentation: scale training images by up to this share, 0.1 is 90%%..110%%"
     )
 
     def resolved(self) -> VisionSettings:
@@ -127,15 +129,26 @@ class VisionJob(Job):
         "probability for each."
     )
     model_options = tuple(n for n in ENCODER_OPTIONS if n != "positional")
-    model_defaults = {"norm_first": True}  # pre-norm, as ViTs are built; --post-norm to change
+    # The digits recipe (benchmarks/vit_digits.py): the tiny preset widened to 64 with four
+    # pre-norm layers (as ViTs are built; --post-norm to change) and GELU, as in the ViT paper.
+    model_defaults = {
+        "d_model": 64,
+        "n_heads": 4,
+        "d_ff": 128,
+        "n_encoder_layers": 4,
+        "activation": "gelu",
+        "norm_first": True,
+    }
     preset = "tiny"
     train_defaults = {
         "max_steps": 4000,
         "eval_every": 200,
         "log_every": 50,
         "warmup_steps": 200,
-        "lr": 1e-3,
+        "lr": 3e-3,
         "weight_decay": 0.05,
+        # The last five checkpoints (1000 steps) averaged, kept only if validation agrees.
+        "average_last": 5,
         # bf16 autocast costs more in casts than it saves at a ViT's small widths on CPU.
         "precision": "fp32",
     }
