@@ -48,9 +48,11 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide run files from other users
     try:
         write(Path(tmp))
+        # After writing: mkstemp's 0600 (kept by writers that replace the file, such as
+        # safetensors) would hide run files from other users.
+        os.chmod(tmp, 0o666 & ~_UMASK)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -189,7 +191,11 @@ class MetricsLog:
         if self.path.is_file():
             text = self.path.read_text(encoding="utf-8", errors="replace")
             complete = text[: text.rfind("\n") + 1]  # a torn last line has no newline
-            for row in csv.DictReader(io.StringIO(complete)):
+            try:
+                rows = list(csv.DictReader(io.StringIO(complete)))
+            except csv.Error:
+                rows = [{}]  # reported below
+            for row in rows:
                 try:
                     if int(row["step"]) <= step and row.get("note") != "final":
                         kept.append(row)

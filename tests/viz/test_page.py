@@ -1,4 +1,5 @@
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -83,14 +84,27 @@ def test_tokens_cannot_break_out_of_the_page():
 
 
 def find_browser() -> tuple[str, str]:
-    """Paths of a Chromium and its chromedriver, or skip saying which is missing."""
-    pytest.importorskip("selenium", reason="the selenium package is not installed")
+    """Paths of a Chromium and its chromedriver.
+
+    Missing, the browser tests fail, saying what to install; they skip only when the user
+    opts out with QKV_SKIP_BROWSER=1, so that the explorer is never left untested unnoticed.
+    """
     browser = next((shutil.which(name) for name in CHROMIUM if shutil.which(name)), None)
     driver = next((shutil.which(name) for name in CHROMEDRIVER if shutil.which(name)), None)
-    if browser is None or driver is None:
-        pytest.skip(
-            "no chromium binary and chromedriver found (apt-get install chromium chromium-driver)"
+    missing = [name for name, path in (("chromium", browser), ("chromedriver", driver)) if not path]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package (pip install -e '.[test]')")
+    if missing:
+        message = (
+            f"the attention explorer's browser tests need {', '.join(missing)}: run "
+            "`make browser` (apt-get install chromium chromium-driver), or set "
+            "QKV_SKIP_BROWSER=1 to skip them knowingly"
         )
+        if os.environ.get("QKV_SKIP_BROWSER") == "1":
+            pytest.skip(message)
+        pytest.fail(message, pytrace=False)
     return browser, driver
 
 
@@ -135,6 +149,7 @@ def shown(driver) -> tuple[str, str, str]:
     return tuple(table.get_attribute(f"data-{a}") for a in ("kind", "layer", "head"))
 
 
+@pytest.mark.browser
 def test_page_in_a_real_browser(browser, maps, tmp_path):
     from selenium.webdriver.support.ui import Select
 
@@ -169,6 +184,7 @@ def test_page_in_a_real_browser(browser, maps, tmp_path):
     assert errors(browser) == []
 
 
+@pytest.mark.browser
 def test_vit_page_draws_the_image(browser, tmp_path):
     page = write_attention_page(vit_attention(), tmp_path / "vit.html")
     open_page(browser, page)

@@ -23,8 +23,11 @@ def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no metrics here; is this the --out folder of `qkv train`?")
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (csv.Error, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not a metrics CSV file ({error})") from None
     if not rows or "step" not in rows[0]:
         raise InputError(f"{path}: no metric rows; train for at least --log-every steps")
     series: dict[str, list[tuple[float, float]]] = {}
