@@ -175,3 +175,12 @@ def test_a_real_nan_loss_is_skipped(tmp_path, monkeypatch):
     assert summary["skipped_steps"] == 1 and summary["steps"] == 4
     weights = ckpt.load_state(tmp_path / "run" / ckpt.STATE)["model"]
     assert all(t.isfinite().all() for t in weights.values() if t.is_floating_point())
+
+
+def test_an_unwritable_out_is_reported_before_training(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a folder cannot be made inside a file (root included)
+    out = blocker / "run"
+    args = train_translation_args(write_splits(tmp_path), out, *TRANSLATION_OPTIONS)
+    said = one_line_error(capsys, *args)
+    assert "cannot write the run folder" in said
