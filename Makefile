@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,hf,ctranslate2,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,hf,ctranslate2,bench,serve]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from qkv.data import PAD_ID, SubwordTokenizer
 from qkv.jobs.classification.data import LabeledTexts, encode_texts
 
+from .common import encoder_stack, length_groups, pad
 from .loop import PeerRecipe, train_for
 
 # The qkv classifier's sizes and fine-tuning recipe (its job defaults), so that the two
@@ -52,19 +53,7 @@ class PeerClassifier(nn.Module):
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         self.positions = nn.Embedding(max_len, d_model)
         self.dropout = nn.Dropout(dropout)
-        layer = nn.TransformerEncoderLayer(
-            d_model,
-            nhead,
-            dim_feedforward,
-            dropout,
-            activation="gelu",
-            batch_first=True,
-            norm_first=True,
-        )
-        # enable_nested_tensor is for inference fast paths; training takes the plain path.
-        self.encoder = nn.TransformerEncoder(
-            layer, num_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
-        )
+        self.encoder = encoder_stack(d_model, nhead, dim_feedforward, dropout, num_layers)
         self.head = nn.Linear(d_model, n_labels)
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -76,25 +65,6 @@ class PeerClassifier(nn.Module):
         real = (~padding).unsqueeze(-1).to(states.dtype)  # (B, S, 1)
         pooled = (states * real).sum(1) / real.sum(1).clamp(min=1.0)  # (B, D)
         return self.head(self.dropout(pooled))
-
-
-def pad(rows: list[list[int]]) -> Tensor:
-    """Rows of ids -> (B, S) padded with ``PAD_ID``."""
-    out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-    for r, row in enumerate(rows):
-        out[r, : len(row)] = torch.tensor(row)
-    return out
-
-
-def length_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices sorted by length, packed into groups of at most ``max_tokens`` padded tokens."""
-    groups: list[list[int]] = [[]]
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        # sorted by length, so this text is the longest of its group
-        if groups[-1] and (len(groups[-1]) + 1) * lengths[i] > max_tokens:
-            groups.append([])
-        groups[-1].append(i)
-    return groups
 
 
 def batches_of(

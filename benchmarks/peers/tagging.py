@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .common import encoder_stack, length_groups, pad, sinusoid_table
+
 PAD, UNK = 0, 1  # ids of every peer vocabulary: padding, then unknown
 SHAPES = ("<pad>", "lower", "title", "upper", "digit", "other")
 MIN_COUNT = 2  # words and suffixes seen fewer times in training are <unk>
@@ -101,20 +103,9 @@ class PeerTagger(nn.Module):
         self.shapes = nn.Embedding(len(SHAPES), d_model, padding_idx=PAD)
         for table in (self.words, self.suffixes, self.shapes):
             nn.init.normal_(table.weight, std=d_model**-0.5)
-        position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
-        inv_freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-        table = torch.zeros(max_len, d_model)
-        table[:, 0::2] = torch.sin(position * inv_freq)
-        table[:, 1::2] = torch.cos(position * inv_freq)
-        self.register_buffer("positions", table, persistent=False)  # (L, D)
+        self.register_buffer("positions", sinusoid_table(max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
-        layer = nn.TransformerEncoderLayer(
-            d_model, nhead, dim_feedforward, dropout, batch_first=True, norm_first=True
-        )
-        # enable_nested_tensor only applies to post-norm layers; off to silence its warning.
-        self.encoder = nn.TransformerEncoder(
-            layer, num_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
-        )
+        self.encoder = encoder_stack(d_model, nhead, dim_feedforward, dropout, num_layers, "relu")
         self.head = nn.Linear(d_model, n_tags)
 
     def forward(self, words: Tensor, suffixes: Tensor, shapes: Tensor) -> Tensor:
@@ -136,33 +127,15 @@ def peer_loss(model: PeerTagger, batch: Batch, label_smoothing: float) -> Tensor
     )
 
 
-def _pad(rows: Sequence[Sequence[int]], value: int) -> Tensor:
-    out = torch.full((len(rows), max(map(len, rows))), value, dtype=torch.long)
-    for r, row in enumerate(rows):
-        out[r, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
-
-
 def make_batch(vocab: PeerVocab, sentences: Sequence[tuple[Sequence[str], Sequence[str]]]):
     tag_ids = {t: i for i, t in enumerate(vocab.tags)}
     encoded = [vocab.encode(words) for words, _ in sentences]
     return (
-        _pad([e[0] for e in encoded], PAD),
-        _pad([e[1] for e in encoded], PAD),
-        _pad([e[2] for e in encoded], PAD),
-        _pad([[tag_ids.get(t, -100) for t in tags] for _, tags in sentences], -100),
+        pad([e[0] for e in encoded], PAD),
+        pad([e[1] for e in encoded], PAD),
+        pad([e[2] for e in encoded], PAD),
+        pad([[tag_ids.get(t, -100) for t in tags] for _, tags in sentences], -100),
     )
-
-
-def groups_of(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices sorted by length, packed into groups of at most ``max_tokens`` padded words."""
-    groups: list[list[int]] = [[]]
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        # sorted by length, so this sentence is the longest of its group
-        if groups[-1] and (len(groups[-1]) + 1) * lengths[i] > max_tokens:
-            groups.append([])
-        groups[-1].append(i)
-    return groups
 
 
 def batches_of(
@@ -174,7 +147,7 @@ def batches_of(
     """Per epoch: batches of at most ``max_tokens`` padded words, in shuffled order."""
     batches = [
         make_batch(vocab, [sentences[i] for i in g])
-        for g in groups_of([len(w) for w, _ in sentences], max_tokens)
+        for g in length_groups([len(w) for w, _ in sentences], max_tokens)
     ]
 
     def epoch_batches(epoch: int) -> Iterator[Batch]:
@@ -192,7 +165,7 @@ def tag(
     """The predicted tag of every word of every sentence."""
     model.eval()
     out: list[list[str]] = [[] for _ in sentences]
-    for g in groups_of([len(s) for s in sentences], max_tokens):
+    for g in length_groups([len(s) for s in sentences], max_tokens):
         words, suffixes, shapes, _ = make_batch(vocab, [(sentences[i], []) for i in g])
         best = model(words, suffixes, shapes).argmax(-1)  # (B, W)
         for row, i in enumerate(g):

@@ -21,6 +21,8 @@ from torch import Tensor, nn
 
 from qkv.data import BOS_ID, EOS_ID, PAD_ID
 
+from .common import length_groups, pad, sinusoid_table
+
 
 class PeerTranslator(nn.Module):
     """Encoder-decoder translator around ``torch.nn.Transformer``: (B, S), (B, T) -> (B, T, V).
@@ -50,12 +52,7 @@ class PeerTranslator(nn.Module):
         self.pad_id, self.d_model = pad_id, d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
-        position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
-        inv_freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-        table = torch.zeros(max_len, d_model)
-        table[:, 0::2] = torch.sin(position * inv_freq)
-        table[:, 1::2] = torch.cos(position * inv_freq)
-        self.register_buffer("positions", table, persistent=False)  # (L, D)
+        self.register_buffer("positions", sinusoid_table(max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
         self.transformer = nn.Transformer(
             d_model,
@@ -133,26 +130,14 @@ def batches_of(
 
     Sentences sorted by length, packed up to ``max_tokens`` padded tokens, batch order shuffled.
     """
-    size = [max(len(s), len(t)) for s, t in examples]
-    groups: list[list[int]] = [[]]
-    for i in sorted(range(len(examples)), key=size.__getitem__):
-        # sorted by length, so this example is the longest of its batch
-        if groups[-1] and (len(groups[-1]) + 1) * size[i] > max_tokens:
-            groups.append([])
-        groups[-1].append(i)
-
-    def pad(rows: list[list[int]]) -> Tensor:
-        out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-        for r, row in enumerate(rows):
-            out[r, : len(row)] = torch.tensor(row)
-        return out
+    groups = length_groups([max(len(s), len(t)) for s, t in examples], max_tokens)
 
     def epoch_batches(epoch: int) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         generator = torch.Generator().manual_seed(seed * 1000 + epoch)
         for g in torch.randperm(len(groups), generator=generator).tolist():
             rows = [examples[i] for i in groups[g]]
-            tgt = pad([t for _, t in rows])
-            yield pad([s for s, _ in rows]), tgt[:, :-1], tgt[:, 1:]
+            tgt = pad([t for _, t in rows], PAD_ID)
+            yield pad([s for s, _ in rows], PAD_ID), tgt[:, :-1], tgt[:, 1:]
 
     return epoch_batches
 
@@ -168,9 +153,7 @@ def translate(
     results: list[list[int]] = []
     for start in range(0, len(sources), batch_size):
         chunk = sources[start : start + batch_size]
-        src = torch.full((len(chunk), max(map(len, chunk))), PAD_ID, dtype=torch.long)
-        for r, row in enumerate(chunk):
-            src[r, : len(row)] = torch.tensor(row)
+        src = pad(chunk, PAD_ID)
         results += _search(model, src, beam, max_new=int(src.size(1) * 1.5) + 10)
     return results
 

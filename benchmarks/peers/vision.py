@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .common import encoder_stack
 from .loop import PeerRecipe, train_for
 
 # The sizes and recipe of qkv's default ViT on the digits (``qkv train vit``).
@@ -60,19 +61,7 @@ class PeerViT(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
         self.positions = nn.Parameter(torch.randn(1, 1 + n_patches, d_model) * 0.02)
         self.dropout = nn.Dropout(dropout)
-        layer = nn.TransformerEncoderLayer(
-            d_model,
-            nhead,
-            dim_feedforward,
-            dropout,
-            activation="gelu",
-            batch_first=True,
-            norm_first=True,
-        )
-        # A pre-norm stack ends un-normalised without the final LayerNorm.
-        self.encoder = nn.TransformerEncoder(
-            layer, num_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
-        )
+        self.encoder = encoder_stack(d_model, nhead, dim_feedforward, dropout, num_layers)
         self.head = nn.Linear(d_model, n_classes)
 
     def forward(self, images: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from qkv.cli import demo, evaluate, export, inspect, predict, train
+    from qkv.cli import demo, evaluate, export, inspect, predict, serve, train
     from qkv.jobs import get_job, job_names
 
     parser = Parser(
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.register(commands)
     inspect.register(commands)
     demo.register(commands)
+    serve.register(commands)
     return parser
 
 

@@ -1,0 +1,3 @@
+import time
+def test_train(runs):
+    print(runs)
