@@ -202,3 +202,24 @@ def test_the_comparison_catches_a_resume_that_loses_state(tmp_path, monkeypatch,
     )
     caught = differences(tmp_path / "straight", tmp_path / "resumed") or taken != 12 - 6
     assert bool(caught) == (broken is not None)
+
+
+def test_metrics_are_appended_and_a_torn_last_line_is_dropped_on_resume(tmp_path):
+    path = tmp_path / ckpt.METRICS
+    log = ckpt.MetricsLog(path, ("loss", "bleu"))
+    for step in (1, 2, 3):
+        log.add({"step": step, "train_loss": f"{1 / step:.4f}"})
+    first_rows = path.read_bytes()
+    log.add({"step": 4, "train_loss": "0.2"})
+    assert path.read_bytes().startswith(first_rows)  # appended, not rewritten
+    with open(path, "ab") as f:
+        f.write(b"5,0,1.0,0.001,0.1")  # a row torn by a crash: no line end
+    resumed = ckpt.MetricsLog(path, ("loss", "bleu"))
+    resumed.resume(step=5)  # a checkpoint at step 5 (its row torn): the torn part goes
+    resumed.add({"step": 5, "train_loss": "0.15"})
+    rows = train_rows(tmp_path)
+    assert [(r["step"], r["train_loss"]) for r in rows] == [
+        ("1", "1.0000"), ("2", "0.5000"), ("3", "0.3333"), ("4", "0.2"), ("5", "0.15"),
+    ]  # fmt: skip
+    resumed.resume(step=3)  # rows after the checkpoint go too
+    assert [r["step"] for r in train_rows(tmp_path)] == ["1", "2", "3"]

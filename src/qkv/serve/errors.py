@@ -11,7 +11,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,8 +46,35 @@ def validation_message(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts) + more
 
 
+def failed(request: Request) -> JSONResponse:
+    log.exception("%s %s failed", request.method, request.url.path)
+    return error_response(500, "the service failed on this request; see its log")
+
+
+class Route(APIRoute):
+    """A route whose unexpected errors become a 500 answer on a connection that stays open.
+
+    (An error left to Starlette's outermost handler is answered too, but its connection is
+    then closed under a client that may be reusing it.)
+    """
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (HTTPException, RequestValidationError, InputError):
+                raise
+            except Exception:
+                return failed(request)
+
+        return answer
+
+
 def install(app: FastAPI) -> None:
-    """Answer every error as ``{"error": message}``."""
+    """Answer every error as ``{"error": message}``; routes added later catch their own."""
+    app.router.route_class = Route
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -62,8 +90,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def internal(request: Request, error: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, "the service failed on this request; see its log")
+        return failed(request)
 
 
 class BodyLimit:

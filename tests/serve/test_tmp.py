@@ -1,3 +1,0 @@
-import time
-def test_train(runs):
-    print(runs)
