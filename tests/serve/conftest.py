@@ -45,7 +45,7 @@ class Running:
         self.models = models
         self.app = create_app(models, settings)
         self.socket = listen("127.0.0.1", 0)
-        self.url = "http://127.0.0.1:%d" % self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
         config = uvicorn.Config(self.app, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(

@@ -34,7 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> None:
     try:
         import fastapi  # noqa: F401
-        import multipart  # noqa: F401
+        import python_multipart  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as error:
         raise InputError(

@@ -2,14 +2,29 @@
 
 ``load_models`` loads the run folders once; ``create_app`` builds the FastAPI app over them;
 ``serve`` runs it with uvicorn until SIGTERM or Ctrl-C, finishing the requests in flight.
-Needs the ``serve`` extra (``pip install 'qkv[serve]'``).
+Needs the ``serve`` extra (``pip install 'qkv[serve]'``); the names are imported on first use,
+so that ``qkv --help`` neither needs nor loads FastAPI.
 """
 
 from __future__ import annotations
 
-from qkv.serve.app import create_app
-from qkv.serve.models import HostedModel, load_models
-from qkv.serve.server import listen, serve
-from qkv.serve.settings import ServeSettings
+import importlib
+from typing import Any
 
-__all__ = ["HostedModel", "ServeSettings", "create_app", "listen", "load_models", "serve"]
+WHERE = {
+    "create_app": "qkv.serve.app",
+    "HostedModel": "qkv.serve.models",
+    "load_models": "qkv.serve.models",
+    "listen": "qkv.serve.server",
+    "serve": "qkv.serve.server",
+    "ServeSettings": "qkv.serve.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in WHERE:
+        raise AttributeError(f"module 'qkv.serve' has no attribute {name!r}")
+    return getattr(importlib.import_module(WHERE[name]), name)
+
+
+__all__ = list(WHERE)

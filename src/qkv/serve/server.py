@@ -8,8 +8,12 @@ then the batchers stop.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TextIO
 
 from fastapi import FastAPI
@@ -48,4 +52,27 @@ def serve(app: FastAPI, settings: ServeSettings, out: TextIO = sys.stdout) -> No
         log_level="info",
         timeout_graceful_shutdown=settings.shutdown_timeout,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    quiet_exit_server(uvicorn.Server)(config).run(sockets=[sock])
+
+
+def quiet_exit_server(base: type) -> type:
+    """``uvicorn.Server`` whose SIGTERM or Ctrl-C stop ends the process normally (status 0).
+
+    uvicorn raises the signal again once it has stopped, so the process would die of it.
+    """
+
+    class Server(base):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            stops = (signal.SIGINT, signal.SIGTERM)
+            previous = {s: signal.signal(s, self.handle_exit) for s in stops}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return Server
