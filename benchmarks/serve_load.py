@@ -20,6 +20,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ def start_service(
     if not line.startswith("qkv serve: http"):
         process.kill()
         raise SystemExit(f"qkv serve did not start: {line!r}")
+    # Read the rest of its output (one access-log line per request) as it comes: a pipe
+    # nobody reads fills up and blocks the service mid-request.
+    threading.Thread(target=process.stdout.read, daemon=True).start()
     return process, line.split()[2].rstrip("/")
 
 
@@ -129,7 +133,8 @@ def main() -> None:
         serial = asyncio.run(phase(url, 1, args.seconds, sentences))
         print(f"{args.clients} concurrent clients for {args.seconds:.0f} s")
         concurrent = asyncio.run(phase(url, args.clients, args.seconds, sentences))
-        batching = httpx.get(url + "/health").json()["batching"]["demo"]
+        # after the load, the service may still be finishing the last requests
+        batching = httpx.get(url + "/health", timeout=60).json()["batching"]["demo"]
         shutdown = asyncio.run(stop_under_load(process, url, sentences))
     finally:
         if process.poll() is None:
