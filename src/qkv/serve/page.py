@@ -12,33 +12,21 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from qkv.viz.page import SCRIPT_FILE, STYLE_FILE
+from qkv.viz.page import EXPLORER_CONTROLS, SCRIPT_FILE, STYLE_FILE
 from qkv.viz.page import static_text as explorer_text
 
 TITLE = "qkv: live attention"
 
 # The explorer's markup, with the ids explorer.js draws into (as qkv.viz.page writes them).
-EXPLORER = """<template id="explorer-template">
-<div id="controls">
-  <label>attention <select id="kind"></select></label>
-  <label><select id="layer"></select></label>
-  <span id="heads"></span>
-</div>
-<div id="scale">weight 0 <span></span> 1</div>
-<div id="info"></div>
-<div id="layout">
-  <table id="heatmap"></table>
-  <div id="side">
-    <p>Each row is a query token; its cells are its weights over the keys, a softmax of
-    q&middot;k/&radic;d<sub>k</sub> that sums to 1.</p>
-    <div>query tokens:</div><div class="tokens" id="queries"></div>
-    <div>key tokens:</div><div class="tokens" id="keys"></div>
-    <p id="legend"></p>
-    <div id="image-box"><canvas id="image"></canvas><div id="image-note"></div></div>
+EXPLORER = (
+    '<template id="explorer-template">\n'
+    + EXPLORER_CONTROLS
+    + """    <div id="image-box"><canvas id="image"></canvas><div id="image-note"></div></div>
   </div>
 </div>
 <script id="attention-data" type="application/json">{}</script>
 </template>"""
+)
 
 
 @cache

@@ -29,6 +29,27 @@ SCRIPT_FILE = "explorer.js"
 STYLE_FILE = "explorer.css"
 
 
+# The explorer's markup up to the legend: the ids explorer.js draws into. The served live
+# page (qkv.serve.page) uses the same.
+EXPLORER_CONTROLS = """<div id="controls">
+  <label>attention <select id="kind"></select></label>
+  <label><select id="layer"></select></label>
+  <span id="heads"></span>
+</div>
+<div id="scale">weight 0 <span></span> 1</div>
+<div id="info"></div>
+<div id="layout">
+  <table id="heatmap"></table>
+  <div id="side">
+    <p>Each row is a query token; its cells are its weights over the keys, a softmax of
+    q&middot;k/&radic;d<sub>k</sub> that sums to 1. The output at that token is the weighted
+    sum of the values.</p>
+    <div>query tokens:</div><div class="tokens" id="queries"></div>
+    <div>key tokens:</div><div class="tokens" id="keys"></div>
+    <p id="legend"></p>
+"""
+
+
 @cache
 def static_text(name: str) -> str:
     """The text of ``qkv/viz/static/NAME``, read from the installed package."""
@@ -88,23 +109,7 @@ def attention_page(attention: RunAttention, title: str = "qkv: attention explore
 <div class="io"><b>run</b> {e(attention.job)}</div>
 <div class="io"><b>{what}</b> {e(attention.input)}</div>
 <div class="io" id="output"><b>output</b> {e(attention.output)}</div>
-<div id="controls">
-  <label>attention <select id="kind"></select></label>
-  <label><select id="layer"></select></label>
-  <span id="heads"></span>
-</div>
-<div id="scale">weight 0 <span></span> 1</div>
-<div id="info"></div>
-<div id="layout">
-  <table id="heatmap"></table>
-  <div id="side">
-    <p>Each row is a query token; its cells are its weights over the keys, a softmax of
-    q&middot;k/&radic;d<sub>k</sub> that sums to 1. The output at that token is the weighted
-    sum of the values.</p>
-    <div>query tokens:</div><div class="tokens" id="queries"></div>
-    <div>key tokens:</div><div class="tokens" id="keys"></div>
-    <p id="legend"></p>
-    {image}
+{EXPLORER_CONTROLS}    {image}
   </div>
 </div>
 <script id="attention-data" type="application/json">{_embed_json(page_data(attention))}</script>
