@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .measure import cpu_info
+from .measure import describe as machine  # noqa: F401 (the benchmarks' machine record)
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
@@ -30,19 +30,6 @@ DATA = ROOT.parents[1] / "shared" / "data"
 # A 1-minute load average above this many runnable processes per core means someone else
 # is using the machine: a wall-clock budget would then buy less training than it says.
 BUSY_LOAD_PER_CORE = 0.5
-
-
-def machine() -> dict[str, Any]:
-    """Cores, processor and its bf16 features, torch, and the load average now."""
-    return {
-        "cpu_count": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)),
-        "torch_threads": torch.get_num_threads(),
-        **cpu_info(),
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def check_quiet(allow_busy: bool) -> list[str]:

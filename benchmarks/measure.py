@@ -32,8 +32,8 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def machine(repeats: int) -> dict[str, Any]:
-    """Cores, processor, bf16 features, versions, load now, and the measured matmul peak."""
+def describe() -> dict[str, Any]:
+    """Cores, processor and its bf16 features, versions, and the load average now."""
     return {
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)),
@@ -41,7 +41,14 @@ def machine(repeats: int) -> dict[str, Any]:
         **cpu_info(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "load_average_start": os.getloadavg(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def machine(repeats: int) -> dict[str, Any]:
+    """``describe()`` and the measured matmul peak."""
+    return {
+        **describe(),
         "matmul_gflops": {
             "n": 2048,
             "fp32": round(matmul_gflops(torch.float32, repeats=repeats), 1),
