@@ -95,6 +95,7 @@ def qkv_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return {
         "seed": seed,
         "command": command,
+        "curves": harness.curves(run, args.result),
         "evaluate": f"Classifier.load({str(run)!r}).evaluate_data(stsa.binary.test)",
         "test_accuracy": round(scores["accuracy"], 2),
         "test_macro_f1": round(scores["macro_f1"], 2),

@@ -71,6 +71,14 @@ def qkv(*args: object, threads: int | None = None) -> tuple[str, float]:
     return command, round(time.perf_counter() - start, 1)
 
 
+def curves(run: Path, result: Path) -> str:
+    """Draw the run's learning curves with ``qkv plot`` beside the results JSON; the path."""
+    png = result.parent / "curves" / f"{result.stem}-{run.name}.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "qkv", "plot", str(run), "--out", str(png)], check=True)
+    return str(png)
+
+
 def read_summary(run: Path) -> dict[str, Any]:
     return json.loads((run / "summary.json").read_text())
 

@@ -94,6 +94,7 @@ def run_qkv(args: argparse.Namespace, seed: int, test, known: set[str]) -> dict[
         "command": command,
         "wall_seconds": seconds,
         "training": harness.read_summary(run),
+        "curves": harness.curves(run, args.result),
         "test": scores,
     }
 

@@ -76,8 +76,13 @@ def run_qkv(args: argparse.Namespace, seed: int, test) -> dict[str, Any]:
         translator = Translator.load(run, beam_size=beam)
         scores[name] = score(translator.translate, sources, references)
         print("qkv", seed, name, scores[name], flush=True)
-    return {"command": command, "wall_seconds": seconds, "training": harness.read_summary(run),
-            "test2016": scores}  # fmt: skip
+    return {
+        "command": command,
+        "wall_seconds": seconds,
+        "training": harness.read_summary(run),
+        "curves": harness.curves(run, args.result),
+        "test2016": scores,
+    }
 
 
 def run_peer(args: argparse.Namespace, seed: int, test, bf16: bool) -> dict[str, Any]:

@@ -83,6 +83,7 @@ def run_qkv(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "command": command,
         "wall_seconds": seconds,
         "training": harness.read_summary(run),
+        "curves": harness.curves(run, args.result),
         "test_accuracy": accuracy,
         "test_macro_f1": round(scores["macro_f1"], 2),
         "test_images": scores["images"],

@@ -7,7 +7,12 @@ import torch
 from qkv import checkpoint as ckpt
 from qkv.errors import InputError
 from qkv.model import Transformer
-from qkv.training import TrainConfig, configure_optimizer, inverse_sqrt_schedule
+from qkv.training import (
+    TrainConfig,
+    configure_optimizer,
+    inverse_sqrt_schedule,
+    learning_rate_schedule,
+)
 
 from .helpers import tiny_model_config, train_tiny_translation
 
@@ -18,6 +23,21 @@ def test_schedule_warms_up_then_decays_as_inverse_sqrt():
     assert factor(100) == pytest.approx(1.0)
     assert factor(400) == pytest.approx(0.5)
     assert factor(1600) == pytest.approx(0.25)
+
+
+def test_cosine_schedule_warms_up_then_falls_to_zero_at_max_steps():
+    factor = learning_rate_schedule(
+        TrainConfig(lr_schedule="cosine", warmup_steps=100, max_steps=1100)
+    )
+    assert factor(50) == pytest.approx(0.5)
+    assert factor(100) == pytest.approx(1.0)
+    assert factor(600) == pytest.approx(0.5)
+    assert factor(1100) == pytest.approx(0.0)
+    assert factor(5000) == pytest.approx(0.0)
+    steps = [factor(s) for s in range(100, 1101)]
+    assert all(a >= b for a, b in zip(steps, steps[1:], strict=False))
+    paper = learning_rate_schedule(TrainConfig(warmup_steps=100, max_steps=1100))
+    assert paper(400) == pytest.approx(0.5)
 
 
 def test_every_parameter_in_exactly_one_optimizer_group():
@@ -35,6 +55,8 @@ def test_bad_training_settings_name_themselves():
         TrainConfig(accumulate=0)
     with pytest.raises(InputError, match="precision='fp8'"):
         TrainConfig(precision="fp8")
+    with pytest.raises(InputError, match="lr_schedule='linear'"):
+        TrainConfig(lr_schedule="linear")
 
 
 def train(out, **overrides):

@@ -31,6 +31,7 @@ from qkv.precision import PRECISIONS, choose_precision
 from qkv.progress import TrainingProgress
 
 STRATEGIES = ("ddp", "fsdp")
+SCHEDULES = ("inverse_sqrt", "cosine")
 
 
 @dataclass
@@ -47,7 +48,12 @@ class TrainConfig:
     )
     max_epochs: int | None = option(None, "stop after this many passes over the training data")
     lr: float = option(7e-4, "peak learning rate, reached at the end of warmup")
-    warmup_steps: int = option(4000, "steps of linear warmup before the inverse-square-root decay")
+    warmup_steps: int = option(4000, "steps of linear warmup before the decay")
+    lr_schedule: str = option(
+        "inverse_sqrt",
+        "decay after warmup: inverse_sqrt (the paper's), or cosine down to 0 at --max-steps",
+        choices=SCHEDULES,
+    )
     # Adam's betas and eps as in the paper (5.3); weight decay is AdamW's decoupled one.
     betas: tuple[float, float] = option((0.9, 0.98), cli=False)
     adam_eps: float = option(1e-9, cli=False)
@@ -92,6 +98,7 @@ class TrainConfig:
             "max_epochs": self.max_epochs is None or self.max_epochs >= 1,
             "lr": self.lr > 0,
             "warmup_steps": self.warmup_steps >= 0,
+            "lr_schedule": self.lr_schedule in SCHEDULES,
             "weight_decay": self.weight_decay >= 0,
             "clip_norm": self.clip_norm >= 0,
             "accumulate": self.accumulate >= 1,
@@ -135,6 +142,30 @@ def inverse_sqrt_schedule(warmup_steps: int):
         return math.sqrt(max(warmup_steps, 1) / step)
 
     return factor
+
+
+def cosine_schedule(warmup_steps: int, total_steps: int):
+    """Linear warmup to 1, then half a cosine down to 0 at ``total_steps``.
+
+    The decay is counted in steps, so a run that stops on --max-time before --max-steps
+    ends part-way down; a run resumed follows the same curve.
+    """
+
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        if warmup_steps and step < warmup_steps:
+            return step / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(total_steps - warmup_steps, 1))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def learning_rate_schedule(config: TrainConfig):
+    """The factor on ``config.lr`` at each optimizer step, by ``config.lr_schedule``."""
+    if config.lr_schedule == "cosine":
+        return cosine_schedule(config.warmup_steps, config.max_steps)
+    return inverse_sqrt_schedule(config.warmup_steps)
 
 
 def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
@@ -193,7 +224,7 @@ class Trainer:
             self.train_module = torch.compile(self.train_module, dynamic=True)
         self.optimizer = configure_optimizer(self.train_module, config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, inverse_sqrt_schedule(config.warmup_steps)
+            self.optimizer, learning_rate_schedule(config)
         )
         self.precision = choose_precision(config.precision, self.device)
         self.amp_dtype = self.precision.autocast_dtype

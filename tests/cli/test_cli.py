@@ -374,3 +374,24 @@ def test_config_reads_a_saved_run_back_with_overrides(trained, tmp_path):
     assert new["model"] == saved["model"]
     assert new["train"]["max_steps"] == 2 and new["train"]["lr"] == 0.002
     assert new["train"]["eval_every"] == saved["train"]["eval_every"]
+
+
+def test_resume_keeps_the_runs_loop_settings_unless_typed_again(tmp_path):
+    from qkv.cli import build_parser
+    from qkv.cli.train import configs_from
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved_loop = {"lr_schedule": "cosine", "max_steps": 700, "lr": 0.004, "warmup_steps": 10}
+    (run / "config.json").write_text(json.dumps({"job": "vit", "train": saved_loop}))
+
+    def loop(*typed):
+        args = build_parser().parse_args(["train", "vit", "--out", str(run), *typed])
+        return configs_from(args)[2]
+
+    resumed = loop("--resume")
+    assert (resumed.lr_schedule, resumed.max_steps, resumed.lr) == ("cosine", 700, 0.004)
+    assert loop("--resume", "--max-steps", "900").max_steps == 900
+    assert loop().max_steps != 700  # a fresh run starts from the job's defaults
+    (run / "config.json").write_text(json.dumps({"job": "vit", "train": {"max_steps": 700}}))
+    assert loop("--resume").lr_schedule == "inverse_sqrt"  # saved before the option existed

@@ -85,6 +85,19 @@ def read_saved_config(path: str, job: Job) -> dict[str, Any]:
     return saved
 
 
+def saved_config(args: argparse.Namespace, job: Job) -> dict[str, Any]:
+    """--config's run; on --resume, the run itself, so its loop settings (the schedule's
+    --max-steps among them) hold unless typed again."""
+    if args.config:
+        return read_saved_config(args.config, job)
+    if args.resume:
+        try:
+            return read_saved_config(args.out, job)
+        except InputError:  # the resume itself says what is wrong with the folder
+            return {}
+    return {}
+
+
 def model_config_from(args: argparse.Namespace, job: Job, saved: dict[str, Any]) -> ModelConfig:
     """Preset (or the saved model) < the job's fixed choices < the options typed."""
     overrides = typed(args, args.model_names)
@@ -100,9 +113,11 @@ def model_config_from(args: argparse.Namespace, job: Job, saved: dict[str, Any])
 def configs_from(args: argparse.Namespace) -> tuple[Any, ModelConfig, TrainConfig]:
     """The job's settings, the model's and the loop's, from defaults, --config and options."""
     job: Job = args.job_
-    saved = read_saved_config(args.config, job) if args.config else {}
+    saved = saved_config(args, job)
     settings = {**saved.get("settings", {}), **typed(args, args.settings_names)}
-    loop = {**job.train_defaults, **saved.get("train", {}), **typed(args, args.train_names)}
+    # Runs saved before --lr-schedule existed decayed by the inverse square root.
+    saved_loop = {"lr_schedule": "inverse_sqrt", **saved["train"]} if saved.get("train") else {}
+    loop = {**job.train_defaults, **saved_loop, **typed(args, args.train_names)}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     loop = {k: v for k, v in loop.items() if k in known}
     loop.update(out=args.out, progress=not args.no_progress)
