@@ -146,6 +146,9 @@ class VisionJob(Job):
         "log_every": 50,
         "warmup_steps": 200,
         "lr": 3e-3,
+        # Down to 0 at step 4000: on the validation split (seeds 1-3, 4000 steps) the last
+        # weights scored 97.77 +- 0.56% against 96.65 +- 1.68% with the inverse square root.
+        "lr_schedule": "cosine",
         "weight_decay": 0.05,
         # The last five checkpoints (1000 steps) averaged, kept only if validation agrees.
         "average_last": 5,
