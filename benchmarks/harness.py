@@ -76,7 +76,9 @@ def curves(run: Path, result: Path) -> str:
     png = result.parent / "curves" / f"{result.stem}-{run.name}.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "qkv", "plot", str(run), "--out", str(png)], check=True)
-    return str(png)
+    root = Path(__file__).resolve().parents[1]
+    png = png.resolve()
+    return str(png.relative_to(root) if png.is_relative_to(root) else png)
 
 
 def read_summary(run: Path) -> dict[str, Any]:
