@@ -75,7 +75,7 @@ def curves(run: Path, result: Path) -> str:
     """Draw the run's learning curves with ``qkv plot`` beside the results JSON; the path."""
     png = result.parent / "curves" / f"{result.stem}-{run.name}.png"
     png.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "qkv", "plot", str(run), "--out", str(png)], check=True)
+    qkv("plot", run, "--out", png)
     root = Path(__file__).resolve().parents[1]
     png = png.resolve()
     return str(png.relative_to(root) if png.is_relative_to(root) else png)

@@ -151,10 +151,11 @@ def cosine_schedule(warmup_steps: int, total_steps: int):
     ends part-way down; a run resumed follows the same curve.
     """
 
+    warmup = inverse_sqrt_schedule(warmup_steps)
+
     def factor(step: int) -> float:
-        step = max(step, 1)
         if warmup_steps and step < warmup_steps:
-            return step / warmup_steps
+            return warmup(step)
         progress = min(1.0, (step - warmup_steps) / max(total_steps - warmup_steps, 1))
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
