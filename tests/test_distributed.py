@@ -81,7 +81,7 @@ def translation(tmp_path: Path, name: str, *options: object) -> list[object]:
     )  # fmt: skip
 
 
-def one_process(*args: object) -> None:
+def one_process(*args: object, returncode: int = 0) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, "-m", "qkv", *map(str, args)],
         capture_output=True,
@@ -89,7 +89,8 @@ def one_process(*args: object) -> None:
         timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == returncode, done.stderr[-3000:]
+    return done
 
 
 def test_two_processes_equal_one_accumulating_the_same_batches(tmp_path):
@@ -116,3 +117,22 @@ def test_fsdp_follows_the_same_loss_curve_as_ddp(tmp_path):
     assert config["train"]["strategy"] == "fsdp"
     summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6
+
+
+def test_processes_option_launches_the_same_run_as_torchrun(tmp_path):
+    torchrun(*translation(tmp_path, "torchrun"))
+    done = one_process(*translation(tmp_path, "launched", "--processes", 2, "--threads", 1))
+    assert done.stdout.count("run folder") == 1
+    summary = json.loads((tmp_path / "launched" / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    ours, theirs = (load_file(tmp_path / r / "last.safetensors") for r in ("launched", "torchrun"))
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-5)
+
+
+def test_processes_option_reports_a_bad_input_once(tmp_path):
+    args = translation(tmp_path, "bad", "--processes", 2)
+    args[args.index("--train") + 1] = tmp_path / "missing"
+    done = one_process(*args, returncode=2)
+    assert done.stderr.count("qkv: error:") == 1, done.stderr
+    assert "missing" in done.stderr and "Traceback" not in done.stderr

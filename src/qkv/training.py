@@ -27,7 +27,7 @@ from qkv import checkpoint as ckpt
 from qkv.config import option
 from qkv.distributed import Parallel, broadcast_flag, setup_distributed
 from qkv.errors import InputError
-from qkv.precision import PRECISIONS, choose_precision
+from qkv.precision import PRECISIONS, PrecisionChoice, choose_precision
 from qkv.progress import TrainingProgress
 
 STRATEGIES = ("ddp", "fsdp")
@@ -228,6 +228,9 @@ class Trainer:
             self.optimizer, learning_rate_schedule(config)
         )
         self.precision = choose_precision(config.precision, self.device)
+        bf16 = broadcast_flag(self.precision.precision == "bf16", self.world, self.device)
+        if bf16 != (self.precision.precision == "bf16"):  # every rank computes as rank 0 does
+            self.precision = PrecisionChoice("bf16" if bf16 else "fp32", "rank 0's choice")
         self.amp_dtype = self.precision.autocast_dtype
         self.log = ckpt.MetricsLog(self.run_dir / ckpt.METRICS, task.metric_names)
         self.step = self.epoch = self.batch_index = 0

@@ -13,7 +13,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
-from qkv.distributed import teardown
+from qkv.distributed import is_main_process, teardown
 from qkv.errors import InputError
 
 
@@ -65,13 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown and not getattr(args, "takes_more", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.more = unknown
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     run: Callable[[argparse.Namespace], int | None] = args.run
     try:
         code = run(args) or 0
         teardown()
         return code
     except InputError as error:
-        print(f"qkv: error: {error}", file=sys.stderr)
+        if is_main_process():  # under torchrun every rank meets the same error; one says it
+            print(f"qkv: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("qkv: interrupted", file=sys.stderr)

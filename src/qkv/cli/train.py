@@ -24,6 +24,7 @@ from qkv.cli.options import (
 from qkv.config import ModelConfig
 from qkv.errors import InputError
 from qkv.jobs.base import Job
+from qkv.launch import launch, launched
 from qkv.training import TrainConfig
 
 
@@ -61,6 +62,14 @@ def add_job_parser(subcommands: argparse._SubParsersAction, job: Job) -> None:
         "options given here override them",
     )
     group.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
+    group.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train on N processes of this machine, as torchrun --nproc_per_node N: each a "
+        "DDP replica (or FSDP shard) with an equal share of the CPU threads (default: 1)",
+    )
     loop = add_dataclass_options(group, TrainConfig, job.train_defaults)
     add_runtime_options(parser)
     parser.set_defaults(
@@ -128,12 +137,14 @@ def configs_from(args: argparse.Namespace) -> tuple[Any, ModelConfig, TrainConfi
     return job_settings, model_config_from(args, job, saved), TrainConfig.from_dict(loop)
 
 
-def run_train(args: argparse.Namespace) -> None:
+def run_train(args: argparse.Namespace) -> int | None:
     from qkv.distributed import is_main_process
     from qkv.jobs.run import run_job
 
     device = apply_runtime(args)
-    settings, model_config, train_config = configs_from(args)
+    settings, model_config, train_config = configs_from(args)  # bad options fail here, once
+    if args.processes != 1 and not launched():
+        return launch(args.processes, args.argv, args.threads)
     summary = run_job(
         args.job_,
         settings,
@@ -145,3 +156,4 @@ def run_train(args: argparse.Namespace) -> None:
     )
     if is_main_process():  # the scores of the held-out data are rank 0's
         print(args.job_.report(summary, Path(args.out)), flush=True)
+    return None
