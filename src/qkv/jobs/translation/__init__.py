@@ -72,8 +72,14 @@ class TranslationJob(Job):
     model_options = ENCODER_DECODER_OPTIONS
     # The benchmarked recipe (benchmarks/translation_multi30k.py): pre-norm `small`, one
     # embedding matrix for source, target and output, a short warmup to a high peak, and the
-    # last five validated checkpoints averaged.
-    model_defaults = {"share_embeddings": True, "tie_output": True, "norm_first": True}
+    # last five validated checkpoints averaged. Dropout 0.2: on Multi30k's validation set
+    # (seed 1, 2,923 steps, averaged) 39.05 BLEU against 37.49 with 0.1 and 37.64 with 0.3.
+    model_defaults = {
+        "share_embeddings": True,
+        "tie_output": True,
+        "norm_first": True,
+        "dropout": 0.2,
+    }
     train_defaults = {
         "max_steps": 20000,
         "eval_every": 250,
