@@ -1,6 +1,7 @@
 """The command line as a user meets it: help, training, translating, evaluating, bad input."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from qkv.cli import main
+from qkv.jobs import JOBS, get_job
 
 from ..helpers import train_translation_args, write_splits
 
@@ -89,6 +91,20 @@ def trained(tmp_path_factory):
     )
     assert done.returncode == 0, done.stderr
     return out, paths, done
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_train_help_states_the_jobs_own_model_defaults(name, capsys):
+    job = get_job(name)
+    with pytest.raises(SystemExit):
+        main(["train", name, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name, value in job.model_defaults.items():
+        if name in job.model_options and name != "norm_first":
+            option = re.escape("--" + name.replace("_", "-"))
+            assert re.search(rf"{option} \S+ (?:(?! --).)*\(default: {value}\)", text), name
+    if job.model_defaults.get("norm_first"):
+        assert "x + Sublayer(LayerNorm(x)) (default)" in text
 
 
 def test_train_writes_a_run_folder(trained):

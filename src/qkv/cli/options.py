@@ -100,9 +100,15 @@ def typed(args: argparse.Namespace, names: list[str] | tuple[str, ...]) -> dict[
 
 
 def add_model_options(
-    parser: argparse.ArgumentParser, names: tuple[str, ...], preset: str
+    parser: argparse.ArgumentParser,
+    names: tuple[str, ...],
+    preset: str,
+    defaults: dict[str, Any] | None = None,
 ) -> list[str]:
-    """``--preset`` and the ModelConfig fields ``names``; returns the option dests."""
+    """``--preset`` and the ModelConfig fields ``names``; returns the option dests.
+
+    ``defaults`` are the job's own choices over the preset's, shown in the help."""
+    defaults = defaults or {}
     group = parser.add_argument_group("model")
     group.add_argument(
         "--preset",
@@ -118,24 +124,27 @@ def add_model_options(
                 dest="norm_first",
                 action="store_true",
                 default=argparse.SUPPRESS,
-                help="pre-norm: x + Sublayer(LayerNorm(x))",
+                help="pre-norm: x + Sublayer(LayerNorm(x))"
+                + (" (default)" if defaults.get("norm_first") is True else ""),
             )
             norm.add_argument(
                 "--post-norm",
                 dest="norm_first",
                 action="store_false",
                 default=argparse.SUPPRESS,
-                help="post-norm as in the paper: LayerNorm(x + Sublayer(x))",
+                help="post-norm as in the paper: LayerNorm(x + Sublayer(x))"
+                + (" (default)" if defaults.get("norm_first") is not True else ""),
             )
             continue
         kind = float if "dropout" in name else (str if name in MODEL_CHOICES else int)
+        default = defaults.get(name, "the preset's")
         group.add_argument(
             "--" + name.replace("_", "-"),
             type=kind,
             choices=MODEL_CHOICES.get(name),
             metavar=None if name in MODEL_CHOICES else METAVARS[kind],
             default=argparse.SUPPRESS,
-            help=f"{MODEL_HELP[name]} (default: the preset's)",
+            help=f"{MODEL_HELP[name]} (default: {default})",
         )
     return list(names)
 

@@ -46,7 +46,7 @@ def add_job_parser(subcommands: argparse._SubParsersAction, job: Job) -> None:
     settings = add_dataclass_options(
         parser.add_argument_group("data and job settings"), job.Settings
     )
-    models = add_model_options(parser, job.model_options, job.preset)
+    models = add_model_options(parser, job.model_options, job.preset, job.model_defaults)
     group = parser.add_argument_group("training")
     group.add_argument("--out", required=True, help="run folder to write (created if needed)")
     group.add_argument(
