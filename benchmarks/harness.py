@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from qkv.launch import cpu_cores
+
 from .measure import describe as machine  # noqa: F401 (the benchmarks' machine record)
 
 ROOT = Path(__file__).resolve().parent
@@ -35,7 +37,7 @@ BUSY_LOAD_PER_CORE = 0.5
 def check_quiet(allow_busy: bool) -> list[str]:
     """Refuse to start on a busy machine (or, with ``allow_busy``, return the warning)."""
     load = os.getloadavg()[0]
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu_cores()
     if load <= BUSY_LOAD_PER_CORE * cores:
         return []
     message = (
@@ -51,7 +53,7 @@ def check_quiet(allow_busy: bool) -> list[str]:
 def busy_during(start_load: float) -> list[str]:
     """A warning when the load average after a run shows others shared the machine."""
     load = os.getloadavg()[0]
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu_cores()
     # The benchmark itself keeps about `threads` cores busy.
     ours = min(torch.get_num_threads(), cores)
     if load > ours + BUSY_LOAD_PER_CORE * cores:

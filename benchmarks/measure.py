@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from qkv.launch import cpu_cores
 from qkv.precision import cpu_features
 
 
@@ -36,7 +37,7 @@ def describe() -> dict[str, Any]:
     """Cores, processor and its bf16 features, versions, and the load average now."""
     return {
         "cpu_count": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)),
+        "affinity": cpu_cores(),
         "torch_threads": torch.get_num_threads(),
         **cpu_info(),
         "torch": torch.__version__,
