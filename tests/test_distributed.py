@@ -119,6 +119,18 @@ def test_fsdp_follows_the_same_loss_curve_as_ddp(tmp_path):
     assert summary["world_size"] == 2 and summary["steps"] == 6
 
 
+def test_two_processes_stop_and_anneal_on_one_clock(tmp_path):
+    """With --max-time every rank reads rank 0's clock, so all stop after the same step
+    (a rank that stopped alone would leave the other waiting in its gradient all-reduce)."""
+    timed = ["--max-steps", 10**6, "--max-time", 3, "--lr-schedule", "cosine", "--warmup-steps", 2]
+    torchrun(*translation(tmp_path, "timed", *timed, "--eval-every", 10**6))
+    summary = json.loads((tmp_path / "timed" / "summary.json").read_text())
+    assert summary["stopped_by"] == "max_time" and summary["world_size"] == 2
+    with open(tmp_path / "timed" / "metrics.csv", newline="") as f:
+        rates = [float(r["lr"]) for r in csv.DictReader(f) if r["train_loss"]]
+    assert len(rates) == summary["steps"] > 3 and rates[-1] == 0.0
+
+
 def test_processes_option_launches_the_same_run_as_torchrun(tmp_path):
     torchrun(*translation(tmp_path, "torchrun"))
     done = one_process(*translation(tmp_path, "launched", "--processes", 2, "--threads", 1))

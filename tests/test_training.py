@@ -1,4 +1,5 @@
 import csv
+import dataclasses
 import math
 
 import pytest
@@ -38,6 +39,33 @@ def test_cosine_schedule_warms_up_then_falls_to_zero_at_max_steps():
     assert all(a >= b for a, b in zip(steps, steps[1:], strict=False))
     paper = learning_rate_schedule(TrainConfig(warmup_steps=100, max_steps=1100))
     assert paper(400) == pytest.approx(0.5)
+
+
+def test_cosine_schedule_follows_the_clock_when_time_runs_out_first():
+    seconds = [0.0]
+    config = TrainConfig(lr_schedule="cosine", warmup_steps=10, max_steps=1010, max_time=100.0)
+    factor = learning_rate_schedule(config, lambda: seconds[0])
+    assert factor(5) == pytest.approx(0.5)  # warmup goes by steps
+    assert factor(510) == pytest.approx(0.5)  # half the steps, no time spent
+    seconds[0] = 50.0
+    assert factor(20) == pytest.approx(0.5)  # half the time, few steps
+    assert factor(760) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.75)))  # steps ahead
+    seconds[0] = 100.0
+    assert factor(20) == 0.0
+    untimed = dataclasses.replace(config, max_time=None)  # no --max-time: the clock is ignored
+    assert learning_rate_schedule(untimed, lambda: 1e9)(510) == pytest.approx(0.5)
+
+
+def test_a_run_bounded_by_time_anneals_to_zero_as_it_ends(tmp_path):
+    summary = train(
+        tmp_path / "run", max_steps=10**6, max_time=2.0, lr_schedule="cosine", eval_every=10**6
+    )
+    assert summary["stopped_by"] == "max_time" and summary["steps"] > 20
+    rates = [float(r["lr"]) for r in read_metrics(tmp_path / "run") if r["train_loss"]]
+    assert rates[-1] == 0.0
+    after_warmup = rates[2:]
+    assert max(after_warmup) > 0.5 * 3e-3
+    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:], strict=False))
 
 
 def test_every_parameter_in_exactly_one_optimizer_group():

@@ -89,11 +89,16 @@ def main_process_first(work: Callable[[], T], then: Callable[[], T] | None = Non
 
 def broadcast_flag(flag: bool, world: int, device: torch.device) -> bool:
     """Rank 0's decision, shared with every rank."""
+    return bool(broadcast_number(float(flag), world, device))
+
+
+def broadcast_number(value: float, world: int, device: torch.device) -> float:
+    """Rank 0's value (a clock reading, a decision), shared with every rank."""
     if world == 1:
-        return flag
-    tensor = torch.tensor([int(flag)], device=device)
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.broadcast(tensor, src=0)
-    return bool(tensor.item())
+    return tensor.item()
 
 
 class Parallel:

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 
 from qkv import checkpoint as ckpt
 from qkv.config import option
-from qkv.distributed import Parallel, broadcast_flag, setup_distributed
+from qkv.distributed import Parallel, broadcast_flag, broadcast_number, setup_distributed
 from qkv.errors import InputError
 from qkv.precision import PRECISIONS, PrecisionChoice, choose_precision
 from qkv.progress import TrainingProgress
@@ -51,7 +52,8 @@ class TrainConfig:
     warmup_steps: int = option(4000, "steps of linear warmup before the decay")
     lr_schedule: str = option(
         "inverse_sqrt",
-        "decay after warmup: inverse_sqrt (the paper's), or cosine down to 0 at --max-steps",
+        "decay after warmup: inverse_sqrt (the paper's), or cosine down to 0 at --max-steps "
+        "or at --max-time, whichever comes first",
         choices=SCHEDULES,
     )
     # Adam's betas and eps as in the paper (5.3); weight decay is AdamW's decoupled one.
@@ -144,11 +146,18 @@ def inverse_sqrt_schedule(warmup_steps: int):
     return factor
 
 
-def cosine_schedule(warmup_steps: int, total_steps: int):
-    """Linear warmup to 1, then half a cosine down to 0 at ``total_steps``.
+def cosine_schedule(
+    warmup_steps: int,
+    total_steps: int,
+    max_time: float | None = None,
+    elapsed: Callable[[], float] | None = None,
+):
+    """Linear warmup to 1, then half a cosine down to 0 at the end of the budget.
 
-    The decay is counted in steps, so a run that stops on --max-time before --max-steps
-    ends part-way down; a run resumed follows the same curve.
+    After warmup the curve is at whichever budget is further spent: steps of ``total_steps``,
+    or, with ``max_time``, ``elapsed()`` seconds of ``max_time``. A run bounded by time thus
+    anneals to 0 as its time runs out, however many steps the machine manages; a run bounded
+    by steps is a pure function of the step, and resumes on the same curve.
     """
 
     warmup = inverse_sqrt_schedule(warmup_steps)
@@ -156,16 +165,21 @@ def cosine_schedule(warmup_steps: int, total_steps: int):
     def factor(step: int) -> float:
         if warmup_steps and step < warmup_steps:
             return warmup(step)
-        progress = min(1.0, (step - warmup_steps) / max(total_steps - warmup_steps, 1))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+        progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+        if max_time is not None and elapsed is not None:
+            progress = max(progress, elapsed() / max_time)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     return factor
 
 
-def learning_rate_schedule(config: TrainConfig):
-    """The factor on ``config.lr`` at each optimizer step, by ``config.lr_schedule``."""
+def learning_rate_schedule(config: TrainConfig, elapsed: Callable[[], float] | None = None):
+    """The factor on ``config.lr`` at each optimizer step, by ``config.lr_schedule``.
+
+    ``elapsed`` reads the run's training seconds, for a cosine that ends at ``max_time``.
+    """
     if config.lr_schedule == "cosine":
-        return cosine_schedule(config.warmup_steps, config.max_steps)
+        return cosine_schedule(config.warmup_steps, config.max_steps, config.max_time, elapsed)
     return inverse_sqrt_schedule(config.warmup_steps)
 
 
@@ -224,8 +238,10 @@ class Trainer:
         if config.compile:
             self.train_module = torch.compile(self.train_module, dynamic=True)
         self.optimizer = configure_optimizer(self.train_module, config)
+        # The run's clock as rank 0 reads it: every rank decays and stops on the same reading.
+        self.start, self.elapsed_before, self.clock = time.monotonic(), 0.0, 0.0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, learning_rate_schedule(config)
+            self.optimizer, learning_rate_schedule(config, lambda: self.clock)
         )
         self.precision = choose_precision(config.precision, self.device)
         bf16 = broadcast_flag(self.precision.precision == "bf16", self.world, self.device)
@@ -235,7 +251,7 @@ class Trainer:
         self.log = ckpt.MetricsLog(self.run_dir / ckpt.METRICS, task.metric_names)
         self.step = self.epoch = self.batch_index = 0
         self.best: float | None = None
-        self.bad_evals, self.elapsed_before, self.tokens_seen = 0, 0.0, 0
+        self.bad_evals, self.tokens_seen = 0, 0
         self.saved: list[Path] = []
         self.skipped_steps = self.nonfinite_in_row = self._last_saved_step = 0
         self.tensorboard = self._tensorboard()
@@ -304,7 +320,7 @@ class Trainer:
             if self.step % config.eval_every == 0 and self._validate_and_save():
                 reason = "early_stopping"
                 break
-            if config.max_time is not None and self.elapsed() >= config.max_time:
+            if config.max_time is not None and self.clock >= config.max_time:
                 reason = "max_time"
                 break
         self.progress.close()
@@ -353,6 +369,8 @@ class Trainer:
         self.nonfinite_in_row = 0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.config.max_time is not None:  # one reading per step, for the decay and the stop
+            self.clock = broadcast_number(self.elapsed(), self.world, self.device)
         self.scheduler.step()
         self.step += 1
         self.tokens_seen += total_tokens * self.world
@@ -510,6 +528,7 @@ class Trainer:
         )
         self.best, self.bad_evals = state["best"], state["bad_evals"]
         self.elapsed_before, self.tokens_seen = state["elapsed"], state["tokens_seen"]
+        self.clock = self.elapsed_before
         self.skipped_steps = state.get("skipped_steps", 0)
         self._last_saved_step = self.step
         self.saved = [Path(p) for p in state["saved"]]
