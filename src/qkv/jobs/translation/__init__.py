@@ -74,6 +74,10 @@ class TranslationJob(Job):
     # embedding matrix for source, target and output, a short warmup to a high peak, and the
     # last five validated checkpoints averaged. Dropout 0.2: on Multi30k's validation set
     # (seed 1, 2,923 steps, averaged) 39.05 BLEU against 37.49 with 0.1 and 37.64 with 0.3.
+    # Cosine decay to zero at the end of the budget (steps or --max-time, whichever runs out
+    # first): on the validation set (seed 1, 3,571 steps) loss 1.753 and BLEU 39.89 at step
+    # 3,000 against 1.796 and 38.85 with the inverse square root, which is still at half its
+    # peak when the budget ends.
     model_defaults = {
         "share_embeddings": True,
         "tie_output": True,
@@ -85,6 +89,7 @@ class TranslationJob(Job):
         "eval_every": 250,
         "warmup_steps": 400,
         "lr": 1.5e-3,
+        "lr_schedule": "cosine",
         "average_last": 5,
     }
 
