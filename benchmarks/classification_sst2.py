@@ -33,7 +33,7 @@ import torch
 from benchmarks import harness
 from benchmarks.peers.classification import train_and_test
 from qkv.jobs.classification import Classifier, read_labeled
-from qkv.jobs.classification.data import read_texts
+from qkv.jobs.pretraining import read_texts
 
 JOB = "classifier"
 SPLITS = ("train", "dev", "test")

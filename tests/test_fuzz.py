@@ -25,7 +25,8 @@ from qkv import checkpoint as ckpt
 from qkv.cli import main
 from qkv.data import SubwordTokenizer, read_lines
 from qkv.errors import InputError
-from qkv.jobs.classification.data import read_labeled, read_texts
+from qkv.jobs.classification.data import read_labeled
+from qkv.jobs.pretraining import read_texts
 from qkv.jobs.tagging.data import read_conllu
 from qkv.jobs.translation.data import read_pairs
 from qkv.jobs.vision.data import ImageConfig, read_image_folder

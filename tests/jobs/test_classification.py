@@ -22,9 +22,8 @@ from qkv.jobs.classification import (
     SequenceClassifier,
     read_labeled,
 )
-from qkv.jobs.classification.data import read_texts
 from qkv.jobs.classification.model import pool
-from qkv.jobs.classification.task import mask_tokens
+from qkv.jobs.pretraining import mask_tokens, read_texts
 
 POSITIVE = "good great superb lovely brilliant charming".split()
 NEGATIVE = "bad awful dull boring terrible clumsy".split()

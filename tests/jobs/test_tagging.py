@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from qkv.attention import padding_mask
+from qkv.checkpoint import load_weights
 from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.data import UNK_ID
 from qkv.errors import InputError
+from qkv.jobs.pretraining import MaskedLanguageModel
 from qkv.jobs.run import run_job
 from qkv.jobs.tagging import (
     IGNORE,
@@ -25,7 +27,7 @@ from qkv.jobs.tagging import (
     align_first_subwords,
     read_conllu,
 )
-from qkv.jobs.tagging.data import collate
+from qkv.jobs.tagging.data import collate, split_words
 from qkv.viz.attention import run_attention
 
 from ..helpers import tiny_train_config
@@ -386,3 +388,59 @@ def test_resume_keeps_the_runs_settings(data, tmp_path):
     assert json.loads((out / "config.json").read_text())["settings"]["tagset"] == "xpos"
     labels = json.loads((out / "labels.json").read_text())["labels"]
     assert sorted(labels) == sorted(x for _, x in LEXICON.values())
+
+
+# ---------------------------------------------------------------- pretraining
+
+
+def test_raw_text_is_split_into_treebank_words():
+    assert split_words("He didn't see Kim's dog, 3.5 km away!") == [
+        "He", "did", "n't", "see", "Kim", "'s", "dog", ",", "3.5", "km", "away", "!",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(data):
+    """A tagger whose encoder was pretrained on the training words and unlabeled text."""
+    folder = data["folder"]
+    unlabeled = folder / "unlabeled.txt"
+    # Words and a character (ž) the treebank lacks, as raw text: punctuation attached.
+    unlabeled.write_text("the žebra sees a bird.\nhe never paints žebras!\n" * 20)
+    out = folder / "pretrained_run"
+    options = ["--unlabeled", str(unlabeled), "--pretrain-steps", "4", "--max-steps", "2"]
+    assert main(train_args(data, out, "--eval-every", "2", *options)) == 0
+    return out
+
+
+def test_pretraining_learns_from_the_unlabeled_words_too(pretrained_run):
+    summary = json.loads((pretrained_run / "summary.json").read_text())
+    assert summary["pretraining"]["task"] == "masked_lm"
+    assert summary["pretraining"]["steps"] == 4
+    assert (pretrained_run / "pretrain" / "model.safetensors").is_file()
+    encoder = WordEncoder.load(pretrained_run)
+    assert "ž" in encoder.chars  # the characters of the unlabeled words are known
+    sizes = json.loads((pretrained_run / "config.json").read_text())["model"]
+    assert sizes["src_vocab_size"] == encoder.tokenizer.vocab_size + 1  # + <mask>
+
+
+def test_a_run_starts_from_the_encoder_another_pretrained(pretrained_run, data, tmp_path):
+    out = tmp_path / "run"
+    args = train_args(data, out, "--pretrained", str(pretrained_run), "--max-steps", "2")
+    assert main([*args, "--eval-every", "2"]) == 0
+    assert (out / "tokenizer.json").read_text() == (pretrained_run / "tokenizer.json").read_text()
+    assert (out / "chars.json").read_text() == (pretrained_run / "chars.json").read_text()
+    # before tagging is learned, the tagger's subword encoder is the pretrained one
+    settings = TaggerSettings(pretrained=str(pretrained_run), char_dim=16)
+    sizes = json.loads((out / "config.json").read_text())["model"]
+    prepared = JOB.load_prepared(settings, out)
+    model = JOB.build_model(ModelConfig.from_dict(sizes), settings, prepared)
+    assert JOB.before_fit(model, settings, prepared, None, None) == {"pretraining": None}
+    language_model = MaskedLanguageModel(model.config)
+    load_weights(language_model, pretrained_run / "pretrain" / "model.safetensors")
+    for name, value in language_model.encoder.state_dict().items():
+        torch.testing.assert_close(model.body.state_dict()[name], value)
+
+
+def test_without_pretraining_options_the_tagger_does_not_pretrain(cli_run):
+    assert json.loads((cli_run / "summary.json").read_text())["pretraining"] is None
+    assert not (cli_run / "pretrain").exists()

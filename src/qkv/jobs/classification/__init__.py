@@ -15,7 +15,6 @@ width 128, pretrained for three quarters of the budget, then fine-tuned with str
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,22 +31,18 @@ from qkv.jobs.classification.data import (
     encode_texts,
     read_labeled,
     read_split,
-    read_texts,
 )
-from qkv.jobs.classification.model import (
-    POOLINGS,
-    MaskedLanguageModel,
-    SequenceClassifier,
-    load_encoder,
-)
+from qkv.jobs.classification.model import POOLINGS, SequenceClassifier
 from qkv.jobs.classification.predict import CONFUSION, Classifier, ClassifyOptions
-from qkv.jobs.classification.pretrain import (
-    pretrain_config,
+from qkv.jobs.classification.task import ClassificationTask
+from qkv.jobs.pretraining import (
+    MaskedLanguageModel,
+    MaskedLMTask,
+    PretrainOptions,
     pretrain_encoder,
     pretrained_config,
-    pretrained_weights,
+    read_texts,
 )
-from qkv.jobs.classification.task import ClassificationTask, MaskedLMTask
 from qkv.labels import LABELS, LabelVocab
 from qkv.training import TrainConfig
 
@@ -59,8 +54,8 @@ FORMAT_HELP = (
 
 
 @dataclass
-class ClassifierSettings(JobSettings):
-    """Data, vocabulary and pretraining of a classification run."""
+class ClassifierData(JobSettings):
+    """Data and vocabulary of a classification run."""
 
     train: str | None = option(None, "training texts, one labeled text a line", metavar="PATH")
     valid: str | None = option(None, "validation texts, the same way", metavar="PATH")
@@ -82,46 +77,19 @@ class ClassifierSettings(JobSettings):
     # Lower-casing makes differently cased unlabeled text (news, captions) share the
     # subwords of lower-cased data like SST-2; prediction lower-cases the same way.
     lowercase: bool = option(True, "lower-case every text before the tokenizer")
-    unlabeled: list[str] = option(
-        [],
-        "unlabeled text for the vocabulary and pretraining: one text a line, or the "
-        "'# text =' lines of a .conllu file (repeatable)",
-        metavar="FILE",
-    )
-    # With --max-time the budget covers the whole run: pretraining takes this share, and
-    # fine-tuning the rest. The masked language model learns from far more text than the
-    # labeled data, so most of a short budget goes to it.
+
+
+@dataclass
+class ClassifierSettings(PretrainOptions, ClassifierData):
+    """Data, vocabulary and pretraining of a classification run."""
+
+    # The masked language model learns from far more text than the labeled data, so most of
+    # a short budget goes to it.
     pretrain_share: float = option(
         0.75,
         "share of --max-time spent pretraining when neither --pretrain-steps nor "
         "--pretrain-time is given (0 skips pretraining)",
     )
-    pretrain_steps: int = option(
-        0, "masked-language-model steps before fine-tuning; 0 leaves it to the time budget"
-    )
-    pretrain_time: float | None = option(
-        None,
-        "seconds of pretraining at most (with or instead of --pretrain-steps); with "
-        "--max-time, part of that budget",
-        metavar="X",
-    )
-    # Pretraining batches are larger: masked-token prediction is a noisier signal per text.
-    pretrain_max_tokens: int | None = option(
-        4096, "tokens per pretraining batch; none takes --max-tokens", metavar="N"
-    )
-    pretrain_lr: float | None = option(
-        2e-3, "peak learning rate of pretraining; none takes --lr", metavar="X"
-    )
-    pretrained: str | None = option(
-        None,
-        "start from the vocabulary and pretrained encoder of an earlier run trained with "
-        "--pretrain-steps (e.g. another seed)",
-        metavar="RUN",
-    )
-    mask_prob: float = option(0.15, "share of words the masked language model predicts")
-    # Unlabeled text is plentiful next to the labeled data, so the language model needs less
-    # dropout than the classifier.
-    pretrain_dropout: float = option(0.1, "dropout while pretraining")
 
     @classmethod
     def saved(cls, values: dict[str, Any]) -> ClassifierSettings:
@@ -135,62 +103,9 @@ class ClassifierSettings(JobSettings):
                 f"--vocab-size {self.vocab_size}, --max-len {self.max_len} and --max-tokens "
                 f"{self.max_tokens} must be positive (a vocabulary of at least 8, 2 subwords)"
             )
-        ranges = {
-            "--word-dropout": (self.word_dropout, 0.0 <= self.word_dropout < 1.0, "in [0, 1)"),
-            "--mask-prob": (self.mask_prob, 0.0 < self.mask_prob < 1.0, "in (0, 1)"),
-            "--pretrain-dropout": (
-                self.pretrain_dropout,
-                0.0 <= self.pretrain_dropout < 1.0,
-                "in [0, 1)",
-            ),
-            "--pretrain-steps": (self.pretrain_steps, self.pretrain_steps >= 0, "0 or more"),
-            "--pretrain-share": (
-                self.pretrain_share,
-                0.0 <= self.pretrain_share < 1.0,
-                "in [0, 1)",
-            ),
-        }
-        for flag, (value, fine, allowed) in ranges.items():
-            if not fine:
-                raise InputError(f"{flag} {value} must be {allowed}")
-        for flag, value in (
-            ("--pretrain-lr", self.pretrain_lr),
-            ("--pretrain-time", self.pretrain_time),
-            ("--pretrain-max-tokens", self.pretrain_max_tokens),
-        ):
-            if value is not None and value <= 0:
-                raise InputError(f"{flag} {value} must be positive")
-        if self.pretrained is not None:
-            if self.pretrains:
-                raise InputError(
-                    "give either --pretrain-steps/--pretrain-time (pretrain here) or "
-                    "--pretrained RUN, not both"
-                )
-            pretrained_weights(self.pretrained)
-
-    @property
-    def pretrains(self) -> bool:
-        """Whether this run pretrains its encoder itself, whatever the time budget."""
-        return bool(self.pretrain_steps) or self.pretrain_time is not None
-
-    def pretrain_budget(self, max_time: float | None) -> float | None:
-        """Seconds of pretraining within a run of ``max_time`` seconds (None: no time limit).
-
-        ``--pretrain-time`` when given, else ``--pretrain-share`` of ``max_time`` when the run
-        has one and ``--pretrain-steps`` is not given, else no limit.
-        """
-        if self.pretrain_time is not None:
-            return self.pretrain_time
-        if max_time is not None and not self.pretrain_steps:
-            return self.pretrain_share * max_time
-        return None
-
-    def pretrains_within(self, max_time: float | None) -> bool:
-        """Whether a run of ``max_time`` seconds (None: steps only) pretrains its encoder."""
-        if self.pretrained is not None:
-            return False
-        budget = self.pretrain_budget(max_time)
-        return self.pretrains or (budget is not None and budget > 0)
+        if not 0.0 <= self.word_dropout < 1.0:
+            raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
+        self.check_pretraining()
 
 
 @dataclass
@@ -305,51 +220,21 @@ class ClassifierJob(Job):
         train_config: TrainConfig,
         device: str | torch.device | None = None,
     ) -> dict[str, Any]:
-        """Pretrain the encoder or copy the ``--pretrained`` one.
+        """Pretrain the encoder on the training and unlabeled texts, or copy ``--pretrained``.
 
-        With ``train_config.max_time`` the whole run keeps to it: pretraining takes its
-        budget out of it, and ``train_config.max_time`` becomes what is left for fine-tuning
-        (config.json records that, so a resumed fine-tuning keeps to it too). ``device`` is
-        where the pretraining runs (default: as the ``Trainer`` chooses).
+        With ``train_config.max_time``, pretraining takes its budget out of it
+        (``qkv.jobs.pretraining.pretrain_encoder``).
         """
-        if settings.pretrained is not None:
-            load_encoder(model, pretrained_weights(settings.pretrained))
-            return {"pretraining": None}
-        max_time = train_config.max_time
-        if not settings.pretrains_within(max_time):
-            return {"pretraining": None}
-        budget = settings.pretrain_budget(max_time)
-        if max_time is not None and budget is not None and budget >= max_time:
-            raise InputError(
-                f"--pretrain-time {budget:g} leaves nothing of --max-time {max_time:g} for "
-                "fine-tuning; give a shorter --pretrain-time or a longer --max-time"
-            )
-        started = time.monotonic()
-        cls = settings.pooling == "cls"
-        texts = [*data["train"].texts, *data.get("unlabeled", [])]
-        train_ids = encode_texts(prepared.tokenizer, texts, settings.max_len, cls)
-        valid_ids = encode_texts(prepared.tokenizer, data["valid"].texts, settings.max_len, cls)
-        config = pretrain_config(
-            train_config,
-            settings.pretrain_steps or 1_000_000,
-            settings.pretrain_lr,
-            Path(train_config.out),
-            budget,
+        texts: list[list[int]] = []
+        valid: list[list[int]] = []
+        if settings.pretrained is None and settings.pretrains_within(train_config.max_time):
+            cls = settings.pooling == "cls"
+            train_texts = [*data["train"].texts, *data.get("unlabeled", [])]
+            texts = encode_texts(prepared.tokenizer, train_texts, settings.max_len, cls)
+            valid = encode_texts(prepared.tokenizer, data["valid"].texts, settings.max_len, cls)
+        return pretrain_encoder(
+            model.encoder, settings, texts, valid, train_config, settings.max_tokens, device
         )
-        summary = pretrain_encoder(
-            model,
-            train_ids,
-            valid_ids,
-            config,
-            settings.mask_prob,
-            settings.pretrain_max_tokens or settings.max_tokens,
-            settings.pretrain_dropout,
-            device,
-        )
-        if max_time is None:
-            return {"pretraining": summary}
-        train_config.max_time = max(max_time - (time.monotonic() - started), 1.0)
-        return {"pretraining": summary, "fine_tuning_max_time": round(train_config.max_time, 1)}
 
     def build_task(
         self, settings: ClassifierSettings, prepared: Prepared, data: Any

@@ -118,23 +118,6 @@ def _is_header(fields: list[str]) -> bool:
     return (a in LABEL_HEADERS and b in TEXT_HEADERS) or (a in TEXT_HEADERS and b in LABEL_HEADERS)
 
 
-CONLLU_TEXT = "# text = "  # the comment line holding a CoNLL-U sentence's raw text
-
-
-def read_texts(path: str | Path) -> list[str]:
-    """Unlabeled text for the tokenizer and pretraining: one text a line, blank lines dropped.
-
-    A ``.conllu`` file (a treebank, e.g. Universal Dependencies) gives the raw sentence of
-    each ``# text = ...`` comment line instead.
-    """
-    if not Path(path).is_file():
-        raise InputError(f"--unlabeled {path}: no such file; give a file of texts, one a line")
-    lines = read_lines(path)
-    if Path(path).suffix.lower() == ".conllu":
-        lines = [line.removeprefix(CONLLU_TEXT) for line in lines if line.startswith(CONLLU_TEXT)]
-    return [line for line in lines if line.strip()]
-
-
 def read_split(path: str | None, fmt: str, option: str) -> LabeledTexts:
     """``read_labeled`` of the file an option named; a missing option or file says which."""
     if path is None:

@@ -1,21 +1,17 @@
-"""The classifier's models: an encoder pooled into label scores, and a masked language model.
+"""The classifier's model: an encoder pooled into label scores.
 
-The ``[CLS]`` token is the reserved ``<s>`` id, which encoder-only inputs never use otherwise;
-the masked language model's ``<mask>`` is one id past the tokenizer's vocabulary, so every
-classifier's embedding table has that one extra row and can take pretrained weights as they are.
+The ``[CLS]`` token is the reserved ``<s>`` id, which encoder-only inputs never use otherwise.
+The embedding table has one row past the tokenizer's vocabulary, the masked language model's
+``<mask>`` (``qkv.jobs.pretraining``), so that it takes pretrained weights as they are.
 
-Legend: B batch, S sequence length, D model width, C labels, V vocabulary size, M masked
-positions, N texts.
+Legend: B batch, S sequence length, D model width, C labels, N texts.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import Tensor, nn
 
-from qkv import checkpoint as ckpt
 from qkv.attention import padding_mask
 from qkv.config import ModelConfig
 from qkv.data import PAD_ID, pad_batch, token_batches
@@ -53,33 +49,6 @@ class SequenceClassifier(nn.Module):
         real = src != self.config.pad_id  # (B, S)
         states = self.encoder(src, padding_mask(src, self.config.pad_id), attentions)  # (B, S, D)
         return self.head(self.dropout(pool(states, real, self.pooling)))  # (B, C)
-
-
-class MaskedLanguageModel(nn.Module):
-    """Encoder and an output layer tied to its token embedding, scoring chosen positions."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.encoder = EncoderModel(config)
-        self.output = nn.Linear(config.d_model, config.src_vocab_size)
-        self.output.weight = self.encoder.embed.token.weight
-
-    def forward(self, src: Tensor, select: Tensor | None = None) -> Tensor:
-        """ids (B, S) -> logits (B, S, V), or (M, V) at the M positions where ``select`` is True.
-
-        Scoring only the masked positions saves most of the work: the output layer over the
-        vocabulary costs more than the encoder of a small model.
-        """
-        states = self.encoder(src)  # (B, S, D)
-        return self.output(states if select is None else states[select])
-
-
-def load_encoder(model: SequenceClassifier, weights: Path) -> None:
-    """Copy into ``model`` the encoder of the masked language model saved at ``weights``."""
-    language_model = MaskedLanguageModel(model.config)
-    ckpt.load_weights(language_model, weights)
-    model.encoder.load_state_dict(language_model.encoder.state_dict())
 
 
 def batched_logits(model: nn.Module, ids: list[list[int]], max_tokens: int) -> Tensor:

@@ -1,8 +1,12 @@
 """Part-of-speech tagging: one label per word, read from CoNLL-U, on the encoder-only model.
 
-The subword vocabulary and the characters are learned from the training words, the labels
-from the training and validation tags; all three are saved in the run folder. Each word's
-tag is predicted at its first subword (``qkv.jobs.tagging.model``).
+The subword vocabulary and the characters are learned from the training words (and the
+words of ``--unlabeled`` text), the labels from the training and validation tags; all three
+are saved in the run folder. Each word's tag is predicted at its first subword
+(``qkv.jobs.tagging.model``). With ``--pretrain-share``, ``--pretrain-steps`` or
+``--pretrain-time`` the encoder first learns the words as a masked language model on the
+training and unlabeled sentences (``qkv.jobs.pretraining``); with ``--pretrained RUN`` it
+starts from the vocabulary and encoder of an earlier run.
 """
 
 from __future__ import annotations
@@ -12,12 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from qkv.config import ModelConfig, option
 from qkv.data import PAD_ID
 from qkv.errors import InputError
 from qkv.jobs.base import ENCODER_OPTIONS, Job, JobSettings
+from qkv.jobs.pretraining import (
+    PretrainOptions,
+    pretrain_encoder,
+    pretrained_config,
+    read_texts,
+)
 from qkv.jobs.tagging.data import (
     IGNORE,
     MAX_WORD_SUBWORDS,
@@ -26,15 +37,17 @@ from qkv.jobs.tagging.data import (
     WordEncoder,
     align_first_subwords,
     read_conllu,
+    split_words,
 )
 from qkv.jobs.tagging.model import CharEncoder, TaggerModel
 from qkv.jobs.tagging.predict import CONFUSION, Tagger, TagOptions
 from qkv.jobs.tagging.task import TaggingTask
 from qkv.labels import LABELS, LabelVocab
+from qkv.training import TrainConfig
 
 
 @dataclass
-class TaggerSettings(JobSettings):
+class TaggerData(JobSettings):
     """Data, vocabulary and word encoder of a tagging run."""
 
     train: str | None = option(None, "training sentences, CoNLL-U", metavar="PATH")
@@ -65,6 +78,11 @@ class TaggerSettings(JobSettings):
         "as unseen words are missing from the vocabulary",
     )
 
+
+@dataclass
+class TaggerSettings(PretrainOptions, TaggerData):
+    """Data, vocabulary, word encoder and pretraining of a tagging run."""
+
     def check(self) -> None:
         super().check()
         if self.tagset not in TAGSETS:
@@ -81,6 +99,7 @@ class TaggerSettings(JobSettings):
             raise InputError(f"--token-dropout {self.token_dropout} must be in [0, 1)")
         if not 0 <= self.word_dropout < 1:
             raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
+        self.check_pretraining()
 
 
 class TaggerInputs(NamedTuple):
@@ -122,14 +141,26 @@ class TaggerJob(Job):
         "average_last": 5,
     }
 
-    def read_data(self, settings: TaggerSettings) -> dict[str, list[TaggedSentence]]:
+    def read_data(self, settings: TaggerSettings) -> dict[str, Any]:
+        """Train and valid ``TaggedSentence``s; the unlabeled sentences as lists of words."""
         return {
             "train": read_conllu(settings.train, settings.tagset, "--train"),
             "valid": read_conllu(settings.valid, settings.tagset, "--valid"),
+            "unlabeled": [
+                words
+                for path in settings.unlabeled
+                for words in map(split_words, read_texts(path))
+                if words
+            ],
         }
 
     def prepare(self, settings: TaggerSettings, data: Any, run_dir: Path) -> TaggerInputs:
-        encoder = WordEncoder.train([s.words for s in data["train"]], settings.vocab_size)
+        """Learn (or take the pretrained run's) word encoder, learn the labels; save both."""
+        if settings.pretrained is not None:
+            encoder = WordEncoder.load(Path(settings.pretrained))
+        else:
+            sentences = [*(s.words for s in data["train"]), *data.get("unlabeled", [])]
+            encoder = WordEncoder.train(sentences, settings.vocab_size)
         # Validation tags too, so that a tag missing from training cannot stop a run.
         labels = LabelVocab.from_data(t for s in [*data["train"], *data["valid"]] for t in s.tags)
         encoder.save(run_dir)
@@ -142,7 +173,10 @@ class TaggerJob(Job):
     def model_config(
         self, config: ModelConfig, settings: TaggerSettings, prepared: TaggerInputs
     ) -> ModelConfig:
-        vocab_size = prepared.encoder.tokenizer.vocab_size
+        """An encoder alone, its vocabulary the subwords' and <mask>; or the pretrained one's."""
+        if settings.pretrained is not None:
+            return pretrained_config(config, settings.pretrained)
+        vocab_size = prepared.encoder.tokenizer.vocab_size + 1  # + <mask>
         return dataclasses.replace(
             config,
             src_vocab_size=vocab_size,
@@ -162,6 +196,33 @@ class TaggerJob(Job):
             settings.char_dim,
             settings.token_dropout,
             settings.word_dropout,
+        )
+
+    def before_fit(
+        self,
+        model: TaggerModel,
+        settings: TaggerSettings,
+        prepared: TaggerInputs,
+        data: Any,
+        train_config: TrainConfig,
+        device: str | torch.device | None = None,
+    ) -> dict[str, Any]:
+        """Pretrain the subword encoder on the training and unlabeled sentences (the
+        character encoder learns while tagging), or copy ``--pretrained``'s."""
+        texts: list[list[int]] = []
+        valid: list[list[int]] = []
+        if settings.pretrained is None and settings.pretrains_within(train_config.max_time):
+            sentences = [*(s.words for s in data["train"]), *data.get("unlabeled", [])]
+            texts, valid = (
+                [
+                    piece.ids
+                    for words in group
+                    for piece in prepared.encoder.examples(words, None, settings.max_len)
+                ]
+                for group in (sentences, [s.words for s in data["valid"]])
+            )
+        return pretrain_encoder(
+            model.body, settings, texts, valid, train_config, settings.max_tokens, device
         )
 
     def build_task(

@@ -33,6 +33,9 @@ IGNORE = -100  # target of subwords that are not a word's first: cross_entropy s
 CHAR_PAD, CHAR_UNK, WORD_START, WORD_END = 0, 1, 2, 3
 MAX_WORD_CHARS = 24  # longer words keep their first 10 and last 14 characters
 MAX_WORD_SUBWORDS = 16  # only the first subword is labelled; the rest add context
+# Words of raw text as English treebanks split them: punctuation apart, and the clitics n't
+# and 's apart from their word ("don't" -> do n't, "Kim's" -> Kim 's).
+_RAW_WORD = re.compile(r"\w+(?=n't\b)|n't\b|'\w+|\w+(?:[-.]\w+)*|[^\w\s]", re.IGNORECASE)
 
 
 @dataclasses.dataclass
@@ -42,6 +45,11 @@ class TaggedSentence:
     words: list[str]
     tags: list[str]
     lines: list[int]
+
+
+def split_words(text: str) -> list[str]:
+    """The words of one line of raw text (unlabeled text for pretraining)."""
+    return _RAW_WORD.findall(text)
 
 
 def read_conllu(
