@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/tagging_ud_ewt.py              # 20 minutes each side
 
 qkv trains with ``qkv train tagger`` on its defaults (the data options and ``--max-time``
-only): subwords and characters learned from the training file, checkpoints chosen on dev.
+only): subwords and characters learned from the training file and Multi30k's English
+training captions (``--unlabeled``), the encoder pretrained as a masked language model on
+both for 60% of the budget, then fine-tuned, checkpoints chosen on dev.
 Then the peer (benchmarks/peers/tagging.py) trains for the same wall-clock time on the same
 training sentences: one embedding per training word (seen twice or more), its 3-letter
 suffix and its shape, ``nn.TransformerEncoder`` small, pre-norm, a linear head; it uses no
@@ -30,9 +32,12 @@ import torch
 from benchmarks import harness
 from benchmarks.peers import tagging as peer
 from benchmarks.peers.loop import PeerRecipe, train_for
+from qkv.jobs.pretraining import read_texts
 from qkv.jobs.tagging import TaggedSentence, Tagger, read_conllu
+from qkv.jobs.tagging.data import split_words
 
 DATA = harness.DATA / "ud_english_ewt"
+UNLABELED = "multi30k/train.en"  # beside the treebank's folder in the benchmarks' data
 TRAIN, DEV, TEST = (f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test"))
 # The peer's recipe: qkv's defaults for the tagger where the two share an idea (lr, warmup,
 # label smoothing, batch size, dropout).
@@ -41,16 +46,19 @@ PEER_MAX_TOKENS = 2000
 
 
 def pools(data: Path = DATA) -> dict[str, list[str]]:
-    """The sentences each stage sees: tokenizer, vocabulary and training (train), selection
-    (dev), test; each sentence as its words joined by spaces."""
+    """The sentences each stage sees: tokenizer, vocabulary and pretraining (train and the
+    unlabeled captions), training (train), selection (dev), test; each sentence as its words
+    joined by spaces."""
 
     def texts(name: str) -> list[str]:
         return [" ".join(s.words) for s in read_conllu(data / name)]
 
     train = texts(TRAIN)
+    unlabeled = [" ".join(split_words(t)) for t in read_texts(data.parent / UNLABELED)]
     return {
-        "tokenizer": train,
-        "vocabulary": train,
+        "tokenizer": train + unlabeled,
+        "vocabulary": train + unlabeled,
+        "pretraining": train + unlabeled,
         "train": train,
         "selection": texts(DEV),
         "test": texts(TEST),
@@ -82,6 +90,7 @@ def run_qkv(args: argparse.Namespace, seed: int, test, known: set[str]) -> dict[
     command, seconds = harness.qkv(
         "train", "tagger",
         "--train", args.data / TRAIN, "--valid", args.data / DEV,
+        "--unlabeled", args.data.parent / UNLABELED,
         "--max-time", args.seconds, "--seed", seed, "--out", run, "--force",
         threads=args.threads,
     )  # fmt: skip
@@ -136,6 +145,8 @@ def main() -> None:
     args = parser.parse_args()
     if not all((args.data / name).is_file() for name in (TRAIN, DEV, TEST)):
         raise SystemExit(f"{args.data}: UD English-EWT not found; pass --data")
+    if not (args.data.parent / UNLABELED).is_file():
+        raise SystemExit(f"{args.data.parent / UNLABELED}: Multi30k's English captions not found")
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)

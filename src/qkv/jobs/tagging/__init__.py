@@ -83,6 +83,15 @@ class TaggerData(JobSettings):
 class TaggerSettings(PretrainOptions, TaggerData):
     """Data, vocabulary, word encoder and pretraining of a tagging run."""
 
+    # Masked-LM pretraining for 60% of --max-time: on UD English-EWT dev (seed 1, 20 minutes,
+    # Multi30k's English captions as --unlabeled) 92.92% against 92.41% without it, with the
+    # dev loss at 0.28 against 0.33.
+    pretrain_share: float = option(
+        0.6,
+        "share of --max-time spent pretraining when neither --pretrain-steps nor "
+        "--pretrain-time is given (0 skips pretraining)",
+    )
+
     def check(self) -> None:
         super().check()
         if self.tagset not in TAGSETS:
