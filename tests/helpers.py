@@ -140,3 +140,25 @@ def write_labeled(path: Path, n: int = 40, seed: int = 0) -> Path:
         lines.append(f"{label}\ta {word} film with a {rng.choice(['plot', 'cast'])}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def assert_starts_from_pretrained(job, settings, run: Path, pretrained: Path, encoder_of) -> None:
+    """``job``'s model of ``run`` holds, before fine-tuning, the encoder ``pretrained`` learned.
+
+    ``encoder_of(model)`` is the job's ``EncoderModel`` inside its model.
+    """
+    import json
+
+    import torch
+
+    from qkv.checkpoint import load_weights
+    from qkv.jobs.pretraining import MaskedLanguageModel
+
+    sizes = json.loads((run / "config.json").read_text())["model"]
+    prepared = job.load_prepared(settings, run)
+    model = job.build_model(ModelConfig.from_dict(sizes), settings, prepared)
+    assert job.before_fit(model, settings, prepared, None, None) == {"pretraining": None}
+    language_model = MaskedLanguageModel(model.config)
+    load_weights(language_model, pretrained / "pretrain" / "model.safetensors")
+    for name, value in language_model.encoder.state_dict().items():
+        torch.testing.assert_close(encoder_of(model).state_dict()[name], value)

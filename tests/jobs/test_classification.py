@@ -9,7 +9,6 @@ import shutil
 import pytest
 import torch
 
-from qkv.checkpoint import load_weights
 from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.errors import InputError
@@ -24,6 +23,8 @@ from qkv.jobs.classification import (
 )
 from qkv.jobs.classification.model import pool
 from qkv.jobs.pretraining import mask_tokens, read_texts
+
+from ..helpers import assert_starts_from_pretrained
 
 POSITIVE = "good great superb lovely brilliant charming".split()
 NEGATIVE = "bad awful dull boring terrible clumsy".split()
@@ -253,13 +254,7 @@ def test_a_second_run_starts_from_a_pretrained_one(cls_run, data, tmp_path):
     assert sizes["src_vocab_size"] == pretrained["src_vocab_size"]
     # before fine-tuning, the classifier's encoder is the pretrained one
     settings = ClassifierSettings(pretrained=str(cls_run), pooling="cls")
-    prepared = JOB.load_prepared(settings, out)
-    model = JOB.build_model(ModelConfig.from_dict(sizes), settings, prepared)
-    assert JOB.before_fit(model, settings, prepared, None, None) == {"pretraining": None}
-    language_model = MaskedLanguageModel(model.config)
-    load_weights(language_model, cls_run / "pretrain" / "model.safetensors")
-    for name, value in language_model.encoder.state_dict().items():
-        torch.testing.assert_close(model.encoder.state_dict()[name], value)
+    assert_starts_from_pretrained(JOB, settings, out, cls_run, lambda m: m.encoder)
 
 
 def test_resume_continues_a_run(data, tmp_path):

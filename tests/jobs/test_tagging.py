@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from qkv.attention import padding_mask
-from qkv.checkpoint import load_weights
 from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.data import UNK_ID
 from qkv.errors import InputError
-from qkv.jobs.pretraining import MaskedLanguageModel
 from qkv.jobs.run import run_job
 from qkv.jobs.tagging import (
     IGNORE,
@@ -30,7 +28,7 @@ from qkv.jobs.tagging import (
 from qkv.jobs.tagging.data import collate, split_words
 from qkv.viz.attention import run_attention
 
-from ..helpers import tiny_train_config
+from ..helpers import assert_starts_from_pretrained, tiny_train_config
 
 # A toy grammar whose tags follow from the words and their place: (word, UPOS, XPOS).
 LEXICON = {
@@ -431,14 +429,7 @@ def test_a_run_starts_from_the_encoder_another_pretrained(pretrained_run, data, 
     assert (out / "chars.json").read_text() == (pretrained_run / "chars.json").read_text()
     # before tagging is learned, the tagger's subword encoder is the pretrained one
     settings = TaggerSettings(pretrained=str(pretrained_run), char_dim=16)
-    sizes = json.loads((out / "config.json").read_text())["model"]
-    prepared = JOB.load_prepared(settings, out)
-    model = JOB.build_model(ModelConfig.from_dict(sizes), settings, prepared)
-    assert JOB.before_fit(model, settings, prepared, None, None) == {"pretraining": None}
-    language_model = MaskedLanguageModel(model.config)
-    load_weights(language_model, pretrained_run / "pretrain" / "model.safetensors")
-    for name, value in language_model.encoder.state_dict().items():
-        torch.testing.assert_close(model.body.state_dict()[name], value)
+    assert_starts_from_pretrained(JOB, settings, out, pretrained_run, lambda m: m.body)
 
 
 def test_without_pretraining_options_the_tagger_does_not_pretrain(cli_run):
