@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,8 @@ class PretrainOptions:
     )
     pretrained: str | None = option(
         None,
-        "start from the vocabulary and pretrained encoder of an earlier run trained with "
-        "--pretrain-steps (e.g. another seed)",
+        "start from the vocabulary and pretrained encoder of an earlier run that pretrained "
+        "(e.g. another seed)",
         metavar="RUN",
     )
     mask_prob: float = option(0.15, "share of subwords the masked language model predicts")
@@ -262,8 +263,8 @@ def pretrained_weights(run: str | Path) -> Path:
     weights = Path(run) / PRETRAIN_DIR / ckpt.WEIGHTS
     if not weights.is_file():
         raise InputError(
-            f"--pretrained {run}: holds no pretrained encoder; pass a run trained with "
-            "--pretrain-steps"
+            f"--pretrained {run}: holds no pretrained encoder; pass a run that pretrained "
+            "(--pretrain-steps, --pretrain-time or --pretrain-share with --max-time)"
         )
     return weights
 
@@ -300,13 +301,15 @@ def pretrain_config(
 def pretrain_encoder(
     encoder: EncoderModel,
     settings: PretrainOptions,
-    texts: list[list[int]],
-    valid: list[list[int]],
+    encode: Callable[[], tuple[list[list[int]], list[list[int]]]],
     train_config: TrainConfig,
     max_tokens: int,
     device: str | torch.device | None = None,
 ) -> dict[str, Any]:
-    """Before fine-tuning: pretrain ``encoder`` on ``texts`` (subword ids) or copy ``--pretrained``.
+    """Before fine-tuning: pretrain ``encoder`` on the job's texts, or copy ``--pretrained``.
+
+    ``encode()`` gives the subword ids of the training and of the validation texts; it is
+    called only when this run pretrains.
 
     Pretraining runs in ``<out>/pretrain`` for ``settings``' steps or share of the time budget;
     the best weights are read back from there on every process, so that all of them start
@@ -331,6 +334,7 @@ def pretrain_encoder(
             "fine-tuning; give a shorter --pretrain-time or a longer --max-time"
         )
     started = time.monotonic()
+    texts, valid = encode()
     config = pretrain_config(
         train_config,
         settings.pretrain_steps or 1_000_000,

@@ -225,15 +225,17 @@ class ClassifierJob(Job):
         With ``train_config.max_time``, pretraining takes its budget out of it
         (``qkv.jobs.pretraining.pretrain_encoder``).
         """
-        texts: list[list[int]] = []
-        valid: list[list[int]] = []
-        if settings.pretrained is None and settings.pretrains_within(train_config.max_time):
-            cls = settings.pooling == "cls"
-            train_texts = [*data["train"].texts, *data.get("unlabeled", [])]
-            texts = encode_texts(prepared.tokenizer, train_texts, settings.max_len, cls)
-            valid = encode_texts(prepared.tokenizer, data["valid"].texts, settings.max_len, cls)
+        cls = settings.pooling == "cls"
+
+        def encode() -> tuple[list[list[int]], list[list[int]]]:
+            texts = [*data["train"].texts, *data.get("unlabeled", [])]
+            return (
+                encode_texts(prepared.tokenizer, texts, settings.max_len, cls),
+                encode_texts(prepared.tokenizer, data["valid"].texts, settings.max_len, cls),
+            )
+
         return pretrain_encoder(
-            model.encoder, settings, texts, valid, train_config, settings.max_tokens, device
+            model.encoder, settings, encode, train_config, settings.max_tokens, device
         )
 
     def build_task(
