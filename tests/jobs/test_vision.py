@@ -25,13 +25,15 @@ from qkv.jobs.vision.data import (
     Augmentation,
     digits_labels,
     image_array,
+    move_images,
     read_image_folder,
     shift_images,
+    shifted_views,
     stratified_split,
     warp_images,
 )
 from qkv.jobs.vision.model import unpatchify, vit_model_config
-from qkv.jobs.vision.task import VisionTask
+from qkv.jobs.vision.task import VisionTask, batched_logits
 
 TINY = [
     "--d-model",
@@ -151,6 +153,7 @@ def test_settings_fill_sizes_from_the_data_and_give_the_image_config():
         (dict(valid_fraction=1.0), "--valid-fraction"),
         (dict(batch_size=0), "--batch-size"),
         (dict(zoom=1.5), "--zoom"),
+        (dict(test_shift=-1), "--test-shift"),
         (dict(patch_size=3), "--patch-size"),
         (dict(label_smoothing=1.0), "--label-smoothing"),
     ],
@@ -207,9 +210,27 @@ def test_shifts_move_whole_images_and_depend_only_on_the_seed():
     torch.testing.assert_close(shift_images(images, 1, torch.Generator().manual_seed(5)), shifted)
     torch.testing.assert_close(shift_images(images, 0, torch.Generator()), images)
     for original, moved in zip(images, shifted, strict=True):
-        padded = torch.nn.functional.pad(original[None], (1, 1, 1, 1), mode="replicate")[0]
-        windows = [padded[:, dy : dy + 8, dx : dx + 8] for dy in range(3) for dx in range(3)]
+        windows = [move_images(original, dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)]
         assert any(torch.equal(moved, w) for w in windows)
+
+
+def test_moves_take_each_pixel_from_its_neighbour_and_repeat_the_edges():
+    images = torch.rand(3, 2, 5, 7)
+    for dy, dx in [(0, 0), (1, 0), (0, -2), (-1, 1), (2, 3)]:
+        moved = move_images(images, dy, dx)
+        rows = (torch.arange(5) - dy).clamp(0, 4)
+        cols = (torch.arange(7) - dx).clamp(0, 6)
+        torch.testing.assert_close(moved, images[:, :, rows][:, :, :, cols])
+
+
+def test_shifted_views_are_the_image_then_four_moves():
+    images = torch.rand(2, 1, 8, 8)
+    assert len(shifted_views(images, 0)) == 1 and shifted_views(images, 0)[0] is images
+    views = shifted_views(images, 2)
+    assert len(views) == 5 and views[0] is images
+    moves = [(-2, 0), (2, 0), (0, -2), (0, 2)]
+    for view, (dy, dx) in zip(views[1:], moves, strict=True):
+        torch.testing.assert_close(view, move_images(images, dy, dx))
 
 
 def test_warps_keep_the_image_at_zero_and_depend_only_on_the_seed():
@@ -303,6 +324,30 @@ def test_batch_size_does_not_change_predictions(digits_run, tmp_path):
     assert together == one_by_one
     lines = ImageClassifier.load(digits_run).predict_lines([paths[0], "", paths[1]])
     assert lines[1] == "" and lines[0] == together[0] and lines[2] == together[1]
+
+
+def test_predictions_average_the_shifted_views_the_run_was_trained_with(digits_run):
+    images = digits_splits()["valid"].images[:6]
+    classifier = ImageClassifier.load(digits_run)
+    assert classifier.test_shift == classifier.settings.test_shift == 1
+    model = classifier.model
+    with torch.no_grad():
+        views = [batched_logits(model, v).softmax(-1) for v in shifted_views(images, 1)]
+        plain = batched_logits(model, images).softmax(-1)
+    torch.testing.assert_close(classifier.probabilities(images), sum(views) / 5)
+    alone = ImageClassifier.load(digits_run, test_shift=0)
+    torch.testing.assert_close(alone.probabilities(images), plain)
+
+
+def test_validation_without_views_is_the_plain_cross_entropy(digits_run):
+    splits = digits_splits()
+    model = ImageClassifier.load(digits_run).model
+    task = VisionTask(splits["train"], splits["valid"], 10, 64, Augmentation(), 0.1, 0)
+    with torch.no_grad():
+        logits = batched_logits(model, splits["valid"].images)
+        scores = task.validate(model)
+    expected = torch.nn.functional.cross_entropy(logits, splits["valid"].labels).item()
+    assert scores["loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_attention_of_one_image(digits_run, tmp_path):

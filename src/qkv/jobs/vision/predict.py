@@ -29,7 +29,7 @@ from qkv.jobs.vision.data import (
     stack_images,
 )
 from qkv.jobs.vision.model import ImageConfig, VisionTransformer
-from qkv.jobs.vision.task import batched_logits
+from qkv.jobs.vision.task import view_probabilities
 from qkv.labels import LabelVocab
 from qkv.metrics import CONFUSION, confusion, label_scores, plot_confusion
 from qkv.viz.attention import CLS_TOKEN, AttentionKind, RunAttention
@@ -40,10 +40,17 @@ class ClassifyOptions:
     """How ``ImageClassifier`` runs. The options of ``qkv classify-image``."""
 
     batch_size: int = option(256, "images per forward pass")
+    test_shift: int | None = option(
+        None,
+        "average the image and its copies moved this many pixels up, down, left and right; "
+        "0: the image alone; none: the run's --test-shift",
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise InputError(f"--batch-size {self.batch_size} must be at least 1")
+        if self.test_shift is not None and self.test_shift < 0:
+            raise InputError(f"--test-shift {self.test_shift} must be 0 or more")
 
 
 class ImageClassifier(Predictor):
@@ -65,6 +72,10 @@ class ImageClassifier(Predictor):
         digits = settings is not None and settings.train is None
         # The top pixel value of arrays given to ``predict``: the scale the run trained on.
         self.pixel_max = DIGITS_PIXEL_MAX if digits else 255.0
+        trained_shift = getattr(settings, "test_shift", 0)
+        self.test_shift = (
+            self.options.test_shift if self.options.test_shift is not None else trained_shift
+        )
 
     @property
     def image(self) -> ImageConfig:
@@ -76,10 +87,10 @@ class ImageClassifier(Predictor):
 
     @torch.no_grad()
     def probabilities(self, images: Tensor) -> Tensor:
-        """(B, C, Hi, Wi) in [0, 1] -> class probabilities (B, K)."""
+        """(B, C, Hi, Wi) in [0, 1] -> class probabilities (B, K), over the shifted views."""
         self.model.eval()
-        logits = batched_logits(self.model, images, self.options.batch_size)
-        return logits.softmax(-1).cpu()
+        probs = view_probabilities(self.model, images, self.test_shift, self.options.batch_size)
+        return probs.cpu()
 
     def predict(self, images: Sequence[ImageInput]) -> list[tuple[str, float]]:
         """The most likely label of each image (path, PIL image or array) and its probability."""

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.jobs.vision.data import Augmentation, ImageSet
+from qkv.jobs.vision.data import Augmentation, ImageSet, shifted_views
 from qkv.metrics import label_scores
 
 
@@ -21,6 +21,14 @@ def batched_logits(model: nn.Module, images: Tensor, batch_size: int = 256) -> T
         for i in range(0, len(images), batch_size)
     ]
     return torch.cat(chunks) if chunks else torch.zeros(0, model.image.n_classes)
+
+
+def view_probabilities(
+    model: nn.Module, images: Tensor, shift: int, batch_size: int = 256
+) -> Tensor:
+    """Class probabilities (B, K), averaged over ``shifted_views`` of the images."""
+    views = shifted_views(images, shift)
+    return sum(batched_logits(model, v, batch_size).softmax(-1) for v in views) / len(views)
 
 
 class VisionTask:
@@ -38,9 +46,11 @@ class VisionTask:
         batch_size: int,
         augment: Augmentation,
         label_smoothing: float,
+        test_shift: int = 0,
     ) -> None:
         self.train, self.valid, self.n_classes = train, valid, n_classes
         self.batch_size, self.augment, self.label_smoothing = batch_size, augment, label_smoothing
+        self.test_shift = test_shift  # validation predicts as the trained run will
 
     def train_batches(self, epoch: int, seed: int) -> list[dict[str, Tensor]]:
         """Shuffled, freshly augmented images; the same for the same (seed, epoch), for resume."""
@@ -62,8 +72,13 @@ class VisionTask:
         return loss, len(batch["labels"])
 
     def validate(self, model: nn.Module) -> dict[str, float]:
-        """Loss (no smoothing), accuracy and macro-F1 in percent on the validation images."""
-        logits = batched_logits(model, self.valid.images)  # (B, K)
-        labels = self.valid.labels.to(logits.device)
-        scores = label_scores(labels.tolist(), logits.argmax(-1).tolist(), self.n_classes)
-        return {"loss": F.cross_entropy(logits, labels).item(), **scores}
+        """Loss (no smoothing), accuracy and macro-F1 in percent on the validation images.
+
+        Predictions average the ``test_shift`` views, as the trained run's predictions do;
+        the loss is that of the averaged probabilities.
+        """
+        probs = view_probabilities(model, self.valid.images, self.test_shift)  # (B, K)
+        labels = self.valid.labels.to(probs.device)
+        scores = label_scores(labels.tolist(), probs.argmax(-1).tolist(), self.n_classes)
+        loss = F.nll_loss(probs.clamp_min(1e-12).log(), labels).item()
+        return {"loss": loss, **scores}
