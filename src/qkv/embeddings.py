@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
+from qkv.dropout import Dropout
 
 
 def sinusoid_table(max_len: int, d_model: int) -> Tensor:
@@ -59,7 +60,7 @@ class InputEmbedding(nn.Module):
         # A shared matrix (source = target embedding) is passed in rather than created.
         self.token = token_embedding or nn.Embedding(vocab_size, config.d_model)
         self.position = PositionalEncoding(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout, config.dropout_impl)
         self.scale = math.sqrt(config.d_model)
 
     def forward(self, tokens: Tensor, start_pos: int = 0, extra: Tensor | None = None) -> Tensor:

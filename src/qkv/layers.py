@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from qkv.attention import MultiHeadAttention
 from qkv.config import ModelConfig
+from qkv.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -22,7 +23,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(config.d_model, config.d_ff)
         self.linear2 = nn.Linear(config.d_ff, config.d_model)
         self.activation = F.gelu if config.activation == "gelu" else F.relu
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout, config.dropout_impl)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, T, D)
@@ -38,7 +39,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout, config.dropout_impl)
         self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from qkv.attention import padding_mask
 from qkv.config import ModelConfig
 from qkv.data import PAD_ID, pad_batch, token_batches
+from qkv.dropout import Dropout
 from qkv.errors import InputError
 from qkv.model import EncoderModel
 
@@ -41,7 +42,7 @@ class SequenceClassifier(nn.Module):
             raise InputError(f"--pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         self.config, self.pooling = config, pooling
         self.encoder = EncoderModel(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout, config.dropout_impl)
         self.head = nn.Linear(config.d_model, n_labels)
 
     def forward(self, src: Tensor, attentions: list[Tensor] | None = None) -> Tensor:

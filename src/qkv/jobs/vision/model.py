@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
+from qkv.dropout import Dropout
 from qkv.embeddings import PositionalEncoding
 from qkv.model import Encoder, init_weights
 
@@ -124,7 +125,7 @@ class VisionTransformer(nn.Module):
         self.patch_embed = nn.Linear(image.patch_dim, config.d_model)
         self.cls = nn.Parameter(torch.zeros(1, 1, config.d_model))
         self.position = PositionalEncoding(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout, config.dropout_impl)
         self.encoder = Encoder(config)
         self.head = nn.Linear(config.d_model, image.n_classes)
         init_weights(self, config.d_model)
