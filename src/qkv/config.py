@@ -71,8 +71,9 @@ class ModelConfig:
     # "sdpa": torch's fused scaled_dot_product_attention; "reference": the three steps written
     # out; "auto": per call, whichever measured faster for the shape (see qkv.attention).
     attention_impl: str = "auto"
-    # How dropout masks are drawn: "reference" is F.dropout; "packed" draws one 64-bit random
-    # word per four elements, about 4x faster on a CPU (see qkv.dropout).
+    # How the masks of ``dropout`` (embeddings, sublayer outputs, feed-forward; not the
+    # attention weights) are drawn: "reference" is F.dropout; "packed" draws one 64-bit random
+    # word per four elements, its mask about 4x faster on a CPU (see qkv.dropout).
     dropout_impl: str = "reference"
 
     def __post_init__(self) -> None:

@@ -362,6 +362,8 @@ def test_attention_of_one_image(digits_run, tmp_path):
     assert encoder.queries[:3] == ["[CLS]", "(0,0)", "(0,1)"] and encoder.keys[-1] == "(3,3)"
     label, probability = classifier.predict([path])[0]
     assert run.output == f"{label} (probability {probability:.2f})"
+    shown_label, shown_probability = classifier.attention_maps(str(path))["output"]
+    assert shown_label == label and shown_probability == pytest.approx(probability, abs=1e-6)
     with pytest.raises(InputError, match="no such image file"):
         classifier.attention(str(tmp_path / "missing.png"))
 

@@ -157,12 +157,14 @@ class ImageClassifier(Predictor):
         Returns:
             ``{"image": (Hi, Wi) or (Hi, Wi, C) numpy array in [0, 1], "grid": (rows, cols)
             of patches, "encoder": (L, H, S, S) attention weights with [CLS] at index 0,
-            "output": (label, probability)}``
+            "output": (label, probability) as ``predict`` gives them}``
         """
         array = image_array(image, self.image, self.pixel_max)  # (Hi, Wi, C)
+        images = stack_images([array])  # (1, C, Hi, Wi)
         self.model.eval()
-        maps = self.model.attention_maps(stack_images([array]).to(self.device))
-        probs = maps["logits"][0].float().softmax(-1)  # (K,)
+        maps = self.model.attention_maps(images.to(self.device))
+        # The answer is ``predict``'s, over the shifted views; the weights are the image's own.
+        probs = self.probabilities(images)[0]  # (K,)
         best = int(probs.argmax())
         return {
             "image": array[:, :, 0] if array.shape[2] == 1 else array,
