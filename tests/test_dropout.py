@@ -55,7 +55,7 @@ def test_masks_follow_the_seed_and_gradients_follow_the_mask():
 
 def test_module_is_the_identity_in_eval_mode_and_at_zero():
     x = torch.randn(4, 5)
-    for impl in ("reference", "packed"):
+    for impl in ("auto", "reference", "packed"):
         assert torch.equal(Dropout(0.5, impl).eval()(x), x)
         assert torch.equal(Dropout(0.0, impl).train()(x), x)
     with pytest.raises(ValueError, match="dropout impl"):
@@ -65,7 +65,7 @@ def test_module_is_the_identity_in_eval_mode_and_at_zero():
 
 
 def test_model_uses_the_configured_dropout_and_keeps_its_weights():
-    config = ModelConfig.preset("tiny", dropout=0.2)
+    config = ModelConfig.preset("tiny", dropout=0.2, dropout_impl="reference")
     packed = Transformer(ModelConfig.preset("tiny", dropout=0.2, dropout_impl="packed"))
     reference = Transformer(config)
     assert packed.state_dict().keys() == reference.state_dict().keys()
@@ -76,3 +76,19 @@ def test_model_uses_the_configured_dropout_and_keeps_its_weights():
     packed.load_state_dict(reference.state_dict())
     packed.eval(), reference.eval()
     torch.testing.assert_close(packed(src, tgt), reference(src, tgt))
+
+
+def test_auto_draws_packed_masks_on_the_cpu_and_uses_f_dropout_elsewhere(monkeypatch):
+    x = torch.randn(40, 50)
+    torch.manual_seed(5)
+    expected = packed_dropout(x, 0.3)
+    torch.manual_seed(5)
+    assert torch.equal(Dropout(0.3, "auto").train()(x), expected)
+    assert ModelConfig.preset("tiny").dropout_impl == "auto"
+    # on another device (meta stands in for one) auto leaves the mask to F.dropout
+    calls = []
+    monkeypatch.setattr("qkv.dropout.packed_dropout", lambda x, p: calls.append(p) or x)
+    Dropout(0.3, "auto").train()(torch.empty(4, 4, device="meta"))
+    assert calls == []
+    Dropout(0.3, "auto").train()(x)
+    assert calls == [0.3]

@@ -9,7 +9,7 @@ from typing import Any
 ACTIVATIONS = ("relu", "gelu")
 POSITIONALS = ("sinusoidal", "learned")
 ATTENTION_IMPLS = ("auto", "sdpa", "reference")
-DROPOUT_IMPLS = ("reference", "packed")
+DROPOUT_IMPLS = ("auto", "reference", "packed")
 
 
 def option(
@@ -73,8 +73,9 @@ class ModelConfig:
     attention_impl: str = "auto"
     # How the masks of ``dropout`` (embeddings, sublayer outputs, feed-forward; not the
     # attention weights) are drawn: "reference" is F.dropout; "packed" draws one 64-bit random
-    # word per four elements, its mask about 4x faster on a CPU (see qkv.dropout).
-    dropout_impl: str = "reference"
+    # word per four elements, its mask about 4x faster on a CPU (see qkv.dropout); "auto":
+    # packed on a CPU, F.dropout (one fused kernel) on other devices.
+    dropout_impl: str = "auto"
 
     def __post_init__(self) -> None:
         bad = []

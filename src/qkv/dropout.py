@@ -50,11 +50,12 @@ def packed_dropout(x: Tensor, p: float) -> Tensor:
 class Dropout(nn.Module):
     """``nn.Dropout`` with a choice of how the mask is drawn (``DROPOUT_IMPLS``).
 
-    ``"reference"`` is ``F.dropout``; ``"packed"`` is ``packed_dropout``. Both are the identity
-    in eval mode.
+    ``"reference"`` is ``F.dropout``; ``"packed"`` is ``packed_dropout``; ``"auto"`` is packed
+    for a tensor on the CPU, where drawing the mask dominates, and ``F.dropout`` elsewhere,
+    where it is one fused kernel. All are the identity in eval mode.
     """
 
-    def __init__(self, p: float, impl: str = "reference") -> None:
+    def __init__(self, p: float, impl: str = "auto") -> None:
         super().__init__()
         if impl not in DROPOUT_IMPLS:
             raise ValueError(f"dropout impl {impl!r} must be one of {DROPOUT_IMPLS}")
@@ -63,7 +64,7 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if self.impl == "packed":
+        if self.impl == "packed" or (self.impl == "auto" and x.device.type == "cpu"):
             return packed_dropout(x, self.p)
         return F.dropout(x, self.p, True)
 

@@ -37,6 +37,7 @@ ENCODER_OPTIONS = (
     "n_encoder_layers",
     "dropout",
     "attention_dropout",
+    "dropout_impl",
     "activation",
     "positional",
     "norm_first",
