@@ -10,6 +10,7 @@ from qkv.data import (
     EOS_ID,
     PAD_ID,
     UNK_ID,
+    SubwordDropout,
     SubwordTokenizer,
     pad_batch,
     read_lines,
@@ -103,6 +104,37 @@ def test_encode_batch_matches_encode(tokenizer):
 
 def test_unseen_character_becomes_unk(tokenizer):
     assert UNK_ID in tokenizer.encode("Ω")
+
+
+def shuffled_texts(n: int, seed: int) -> list[str]:
+    """Sentences of the corpus's words in new orders, with unseen characters, runs of spaces
+    and a ligature that NFKC normalizes."""
+    draw = random.Random(seed)
+    words = " ".join(CORPUS).split() + ["Ω", "ﬁnden", "Katzenß", "x"]
+    return [
+        (" " * draw.randint(1, 2)).join(draw.choices(words, k=draw.randint(0, 12)))
+        for _ in range(n)
+    ]
+
+
+def test_subword_dropout_at_zero_splits_as_the_tokenizer(tokenizer):
+    texts = [*CORPUS, *shuffled_texts(300, 0)]
+    assert SubwordDropout(tokenizer, texts).encode(0.0, seed=1) == tokenizer.encode_batch(texts)
+
+
+def test_subword_dropout_splits_the_same_text_into_more_pieces(tokenizer):
+    texts = shuffled_texts(200, 1)
+    split = SubwordDropout(tokenizer, texts)
+    plain = tokenizer.encode_batch(texts)
+    first, again, other = split.encode(0.3, 7), split.encode(0.3, 7), split.encode(0.3, 8)
+    assert first == again and first != other  # the seed decides the split
+    # the same text, only cut finer
+    assert [tokenizer.decode(ids) for ids in first] == [tokenizer.decode(ids) for ids in plain]
+    assert sum(map(len, first)) > 1.1 * sum(map(len, plain))
+    # with every merge left out, each word is its characters
+    chars = split.encode(0.999999, 3)
+    letters = [[c for w in tokenizer.words(t) for c in w] for t in texts]
+    assert chars == [[split.vocab.get(c, UNK_ID) for c in cs] for cs in letters]
 
 
 def test_save_load_equal(tokenizer, tmp_path):

@@ -9,7 +9,9 @@ Legend: B batch, T sequence length.
 
 from __future__ import annotations
 
+import json
 import os
+import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -134,6 +136,18 @@ class SubwordTokenizer:
         """Detokenized text of ``ids`` (a list or a 1-D tensor); special ids are skipped."""
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
+    def words(self, text: str) -> list[str]:
+        """The normalized words of ``text`` that BPE splits, each with its ``▁`` prefix."""
+        normalized = self._tokenizer.normalizer.normalize_str(text)
+        return [word for word, _ in self._tokenizer.pre_tokenizer.pre_tokenize_str(normalized)]
+
+    def merges(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """The vocabulary (subword -> id) and the BPE merges (pair -> rank, 0 merged first)."""
+        model = json.loads(self._tokenizer.to_str())["model"]
+        merges = model["merges"]  # ["a b", ...] in older files, [["a", "b"], ...] in newer
+        pairs = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+        return dict(model["vocab"]), {pair: rank for rank, pair in enumerate(pairs)}
+
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """The subword of each id, special tokens included (labels for attention plots)."""
         strings = []
@@ -163,6 +177,45 @@ class SubwordTokenizer:
                 f"{where(path)}: is not a qkv tokenizer ({reason}); "
                 "pass the JSON file written by SubwordTokenizer.save."
             ) from None
+
+
+class SubwordDropout:
+    """BPE-dropout (Provilkov et al., 2020): texts split by the tokenizer's merges, each merge
+    left out with probability p at every step, so a word is split anew each epoch.
+
+    With p = 0 the split is the tokenizer's own (``encode_batch``; tested). The words of the
+    texts are found once; each call splits every distinct word once, with ``random.Random(seed)``,
+    so the same seed gives the same ids.
+    """
+
+    def __init__(self, tokenizer: SubwordTokenizer, texts: Sequence[str]) -> None:
+        self.vocab, self.ranks = tokenizer.merges()
+        index: dict[str, int] = {}
+        self.texts = [[index.setdefault(w, len(index)) for w in tokenizer.words(t)] for t in texts]
+        self.words = list(index)
+
+    def split(self, word: str, p: float, draw: random.Random) -> list[int]:
+        """The ids of ``word``: merge the best-ranked adjacent pair not left out, until none is."""
+        pieces = list(word)
+        while len(pieces) > 1:
+            best, at = None, -1
+            for i in range(len(pieces) - 1):
+                rank = self.ranks.get((pieces[i], pieces[i + 1]))
+                if rank is None or (best is not None and rank >= best):
+                    continue
+                if p and draw.random() < p:
+                    continue
+                best, at = rank, i
+            if best is None:
+                break
+            pieces[at : at + 2] = [pieces[at] + pieces[at + 1]]
+        return [self.vocab.get(piece, UNK_ID) for piece in pieces]
+
+    def encode(self, p: float, seed: int) -> list[list[int]]:
+        """The ids of every text, each distinct word split once with merges left out at p."""
+        draw = random.Random(seed)
+        splits = [self.split(word, p, draw) for word in self.words]
+        return [[i for w in words for i in splits[w]] for words in self.texts]
 
 
 # ---------------------------------------------------------------- batching

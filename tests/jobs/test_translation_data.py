@@ -151,3 +151,41 @@ def test_read_pairs_prefix_or_tsv(tmp_path):
         read_pairs(tmp_path / "train", None, None, "--valid")
     with pytest.raises(InputError, match="--train is missing"):
         read_pairs(None, None, None)
+
+
+def test_bpe_dropout_resplits_the_training_pairs_each_epoch():
+    from qkv.data import SubwordTokenizer
+    from qkv.jobs.translation.task import TranslationTask
+
+    from ..test_data import CORPUS, shuffled_texts
+
+    tokenizer = SubwordTokenizer.train(CORPUS * 10, vocab_size=200)
+    pairs = list(zip(shuffled_texts(60, 2), shuffled_texts(60, 3), strict=True))
+    plain = TranslationTask(tokenizer, pairs, pairs[:2], max_tokens=200, label_smoothing=0.1)
+    resplit = TranslationTask(
+        tokenizer, pairs, pairs[:2], max_tokens=200, label_smoothing=0.1, bpe_dropout=0.2
+    )
+
+    def texts(batches):  # every pair, decoded, in a fixed order
+        rows = [
+            (tokenizer.decode(s), tokenizer.decode(t))
+            for b in batches
+            for s, t in zip(b.src.tolist(), b.tgt_out.tolist(), strict=True)
+        ]
+        return sorted(rows)
+
+    def tokens(batches):
+        return sum(int((b.tgt_out != PAD_ID).sum()) for b in batches)
+
+    assert texts(resplit.train_batches(0, 1)) == texts(plain.train_batches(0, 1))
+    assert tokens(resplit.train_batches(0, 1)) > tokens(plain.train_batches(0, 1))
+    src0, _ = resplit.train_ids(0, 1)
+    assert resplit.train_ids(0, 1)[0] == src0 and resplit.train_ids(1, 1)[0] != src0
+    assert plain.train_ids(0, 1) == plain.train_ids(1, 1)
+
+
+def test_bpe_dropout_option_range():
+    from qkv.jobs.translation import TranslationSettings
+
+    with pytest.raises(InputError, match="--bpe-dropout 1.0 must be in"):
+        TranslationSettings(train="t", valid="v", bpe_dropout=1.0).check()

@@ -43,6 +43,11 @@ class TranslationSettings(JobSettings):
     max_tokens: int = option(
         2500, "tokens per batch, padding included (batches are built by length)"
     )
+    bpe_dropout: float = option(
+        0.0,
+        "BPE-dropout: share of subword merges left out at random when the training pairs are "
+        "split, anew each epoch (0: the tokenizer's one split)",
+    )
 
     def check(self) -> None:
         super().check()
@@ -51,6 +56,8 @@ class TranslationSettings(JobSettings):
                 f"--vocab-size {self.vocab_size}, --max-len {self.max_len} and --max-tokens "
                 f"{self.max_tokens} must be positive (a vocabulary of at least 8)"
             )
+        if not 0 <= self.bpe_dropout < 1:
+            raise InputError(f"--bpe-dropout {self.bpe_dropout} must be in [0, 1)")
 
 
 class TranslationJob(Job):
@@ -129,7 +136,12 @@ class TranslationJob(Job):
         train = prepare_pairs(data["train"], prepared, settings.max_len, "training data")
         valid = prepare_pairs(data["valid"], prepared, settings.max_len, "validation data")
         return TranslationTask(
-            prepared, train, valid, settings.max_tokens, settings.label_smoothing
+            prepared,
+            train,
+            valid,
+            settings.max_tokens,
+            settings.label_smoothing,
+            bpe_dropout=settings.bpe_dropout,
         )
 
     def report(self, summary: dict[str, Any], run_dir: Path) -> str:

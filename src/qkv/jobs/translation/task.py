@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.data import PAD_ID, SubwordTokenizer, token_batches
+from qkv.data import PAD_ID, SubwordDropout, SubwordTokenizer, token_batches
 from qkv.distributed import is_main_process
 from qkv.errors import InputError
 from qkv.jobs.translation.data import TranslationBatch, clean_pairs, make_translation_batch
@@ -30,24 +30,35 @@ class TranslationTask:
         max_tokens: int,
         label_smoothing: float,
         valid_decode: DecodeOptions | None = None,
+        bpe_dropout: float = 0.0,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_tokens, self.label_smoothing = max_tokens, label_smoothing
         self.train_src = tokenizer.encode_batch([s for s, _ in train_pairs])
         self.train_tgt = tokenizer.encode_batch([t for _, t in train_pairs])
-        # +1 for </s> on either side: the longer side sets the padded width of a batch.
-        self.lengths = [
-            max(len(s), len(t)) + 1 for s, t in zip(self.train_src, self.train_tgt, strict=True)
-        ]
+        self.bpe_dropout = bpe_dropout
+        if bpe_dropout:
+            # sources then targets: one split per distinct word and epoch covers both sides
+            self.resplit = SubwordDropout(
+                tokenizer, [s for s, _ in train_pairs] + [t for _, t in train_pairs]
+            )
         self.valid_pairs = valid_pairs
         self.valid_decode = valid_decode or DecodeOptions(beam_size=1)
 
+    def train_ids(self, epoch: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Source and target ids of the training pairs for ``epoch``: split anew each epoch
+        with BPE-dropout, else the tokenizer's one split."""
+        if not self.bpe_dropout:
+            return self.train_src, self.train_tgt
+        ids = self.resplit.encode(self.bpe_dropout, seed * 100003 + epoch)
+        return ids[: len(self.train_src)], ids[len(self.train_src) :]
+
     def train_batches(self, epoch: int, seed: int) -> list[TranslationBatch]:
-        batches = token_batches(self.lengths, self.max_tokens, shuffle=True, seed=seed, epoch=epoch)
-        return [
-            make_translation_batch([self.train_src[i] for i in b], [self.train_tgt[i] for i in b])
-            for b in batches
-        ]
+        src, tgt = self.train_ids(epoch, seed)
+        # +1 for </s> on either side: the longer side sets the padded width of a batch.
+        lengths = [max(len(s), len(t)) + 1 for s, t in zip(src, tgt, strict=True)]
+        batches = token_batches(lengths, self.max_tokens, shuffle=True, seed=seed, epoch=epoch)
+        return [make_translation_batch([src[i] for i in b], [tgt[i] for i in b]) for b in batches]
 
     def loss(self, model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, int]:
         """Label-smoothed cross-entropy per target token; padding is never scored.
