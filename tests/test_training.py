@@ -10,6 +10,7 @@ from qkv.errors import InputError
 from qkv.model import Transformer
 from qkv.training import (
     TrainConfig,
+    beats,
     configure_optimizer,
     inverse_sqrt_schedule,
     learning_rate_schedule,
@@ -243,3 +244,29 @@ def test_compile_wraps_the_training_module_and_trains_the_same(tmp_path, monkeyp
         for run in ("compiled", "plain")
     ]
     assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_a_tie_of_the_metric_goes_to_the_lower_loss():
+    assert beats({"accuracy": 90.0, "loss": 0.5}, "accuracy", (None, None))
+    assert beats({"accuracy": 91.0, "loss": 0.9}, "accuracy", (90.0, 0.5))
+    assert beats({"accuracy": 90.0, "loss": 0.4}, "accuracy", (90.0, 0.5))
+    assert not beats({"accuracy": 90.0, "loss": 0.5}, "accuracy", (90.0, 0.5))
+    assert not beats({"accuracy": 89.0, "loss": 0.1}, "accuracy", (90.0, 0.5))
+    assert not beats({"accuracy": 90.0}, "accuracy", (90.0, 0.5))  # no loss: no tie-break
+    assert not beats({"accuracy": 90.0, "loss": 0.1}, "accuracy", (90.0, None))
+
+
+def test_the_kept_weights_are_the_best_validated_with_ties_to_the_lower_loss(tmp_path):
+    run = tmp_path / "ties"
+    train(run, max_steps=8, eval_every=2, average_last=10)
+    rows = [r for r in read_metrics(run) if r["val_bleu"] and not r["note"]]
+    best = max(rows, key=lambda r: (float(r["val_bleu"]), -float(r["val_loss"])))
+    assert sum(r["val_bleu"] == best["val_bleu"] for r in rows) > 1  # a tie to break
+    model = Transformer(config_from(run))
+    expected = Transformer(config_from(run))
+    ckpt.load_weights(model, run / ckpt.WEIGHTS)
+    ckpt.load_weights(expected, run / "checkpoints" / f"step_{best['step']}.safetensors")
+    for (name, a), (_, b) in zip(
+        model.state_dict().items(), expected.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
