@@ -105,6 +105,10 @@ def test_train_help_states_the_jobs_own_model_defaults(name, capsys):
             assert re.search(rf"{option} \S+ (?:(?! --).)*\(default: {value}\)", text), name
     if job.model_defaults.get("norm_first"):
         assert "x + Sublayer(LayerNorm(x)) (default)" in text
+    # a field no preset sets shows its own default; one the presets set says so
+    assert re.search(r"--dropout-impl \S+ (?:(?! --).)*\(default: auto\)", text)
+    if "d_model" not in job.model_defaults:
+        assert re.search(r"--d-model N (?:(?! --).)*\(default: the preset's\)", text)
 
 
 def test_train_writes_a_run_folder(trained):

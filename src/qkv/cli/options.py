@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from qkv.config import DROPOUT_IMPLS
+from qkv.config import DROPOUT_IMPLS, PRESETS, ModelConfig
 from qkv.errors import InputError
 
 # Help of the ModelConfig fields a job may show (``Job.model_options``).
@@ -144,7 +144,7 @@ def add_model_options(
             )
             continue
         kind = str if name in MODEL_CHOICES else (float if "dropout" in name else int)
-        default = defaults.get(name, "the preset's")
+        default = defaults.get(name, field_default(name))
         group.add_argument(
             "--" + name.replace("_", "-"),
             type=kind,
@@ -154,6 +154,14 @@ def add_model_options(
             help=f"{MODEL_HELP[name]} (default: {default})",
         )
     return list(names)
+
+
+def field_default(name: str) -> Any:
+    """What a ModelConfig field is when not typed: "the preset's" where the presets differ,
+    else the field's own default."""
+    if any(name in sizes for sizes in PRESETS.values()):
+        return "the preset's"
+    return next(f.default for f in dataclasses.fields(ModelConfig) if f.name == name)
 
 
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
