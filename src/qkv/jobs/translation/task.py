@@ -13,6 +13,7 @@ from qkv.distributed import is_main_process
 from qkv.errors import InputError
 from qkv.jobs.translation.data import TranslationBatch, clean_pairs, make_translation_batch
 from qkv.jobs.translation.predict import DecodeOptions, Translator, corpus_scores
+from qkv.loss import smoothed_cross_entropy
 
 
 class TranslationTask:
@@ -68,12 +69,7 @@ class TranslationTask:
         """
         real = batch.tgt_out != PAD_ID  # (B, T)
         logits = model(batch.src, batch.tgt_in, select=real)  # (N, V)
-        loss = F.cross_entropy(
-            logits.float(),
-            batch.tgt_out[real],
-            label_smoothing=self.label_smoothing,
-            reduction="sum",
-        )
+        loss = smoothed_cross_entropy(logits, batch.tgt_out[real], self.label_smoothing)
         return loss / batch.n_tokens, batch.n_tokens
 
     def validate(self, model: nn.Module) -> dict[str, float]:
