@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from qkv import checkpoint as ckpt
+from qkv.allocator import keep_freed_memory
 from qkv.config import option
 from qkv.distributed import Parallel, broadcast_flag, broadcast_number, setup_distributed
 from qkv.errors import InputError
@@ -229,6 +230,8 @@ class Trainer:
         self.task, self.config = task, config
         self.run_dir = Path(config.out)
         self.rank, self.world, self.device = setup_distributed(device)
+        if self.device.type == "cpu":  # each step reuses the last one's memory, unfaulted
+            keep_freed_memory()
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         model = model.to(self.device)
