@@ -41,3 +41,30 @@ def test_kept_memory_is_reused_without_page_faults():
     plain, kept = page_faults("system"), page_faults("keep")
     assert plain > 10_000  # each block mapped and faulted in again: 10,000+ pages apiece
     assert kept < plain / 10
+
+
+# Freed blocks between live ones stay in the heap (kept) until they are released.
+HOLES = """
+import os, torch
+from qkv.allocator import keep_freed_memory, release_freed_memory
+def resident_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+assert keep_freed_memory()
+big, live = [], []
+for _ in range(20):
+    big.append(torch.ones(5_000_000))  # 20 MB
+    live.append(torch.ones(1000))  # a small block after each keeps the heap from shrinking
+del big
+kept = resident_mib()
+assert release_freed_memory()
+print(kept, resident_mib())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is Linux's")
+def test_released_holes_go_back_to_the_system():
+    if not keep_freed_memory():
+        pytest.skip("this process's C library is not glibc")
+    done = subprocess.run([sys.executable, "-c", HOLES], capture_output=True, text=True, check=True)
+    kept, released = map(float, done.stdout.split())
+    assert kept - released > 300  # of the 400 MB freed, most leave the process

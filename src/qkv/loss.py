@@ -65,7 +65,9 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total: Tensor) -> tuple[Tensor | None, None, None, None]:
         (grad,) = ctx.saved_tensors
-        return grad * grad_total.to(grad.dtype), None, None, None
+        # A 0-dim fp32 factor: the product is taken in fp32 and rounded once, as the
+        # reference's fp32 gradient is rounded once to the logits' dtype.
+        return grad * grad_total, None, None, None
 
 
 def smoothed_cross_entropy(

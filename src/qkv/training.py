@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from qkv import checkpoint as ckpt
-from qkv.allocator import keep_freed_memory
+from qkv.allocator import keep_freed_memory, release_freed_memory
 from qkv.config import option
 from qkv.distributed import Parallel, broadcast_flag, broadcast_number, setup_distributed
 from qkv.errors import InputError
@@ -442,6 +442,8 @@ class Trainer:
             self._prune_averaged()
             patience = self.config.patience
             stop = patience is not None and self.bad_evals >= patience
+        if self.device.type == "cpu":  # the heap's holes since the last validation
+            release_freed_memory()
         return broadcast_flag(stop, self.world, self.device)
 
     def _validate(self, final: bool = False) -> dict[str, float]:

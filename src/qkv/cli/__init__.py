@@ -13,7 +13,6 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
-from qkv.allocator import keep_freed_memory
 from qkv.distributed import is_main_process, teardown
 from qkv.errors import InputError
 
@@ -68,7 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.more = unknown
     args.argv = list(sys.argv[1:] if argv is None else argv)
     run: Callable[[argparse.Namespace], int | None] = args.run
-    keep_freed_memory()  # training and decoding allocate alike batch after batch
     try:
         code = run(args) or 0
         teardown()
