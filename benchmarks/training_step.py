@@ -87,7 +87,9 @@ def worker(mode: str, data: Path, tokenizer_path: Path, warmup: int, steps: int)
     tokenizer = SubwordTokenizer.load(tokenizer_path)
     pairs = read_parallel(data / "train.de", data / "train.en")
     settings = job.Settings()
-    task = TranslationTask(tokenizer, pairs, pairs[:8], settings.max_tokens, 0.1)
+    task = TranslationTask(
+        tokenizer, pairs, pairs[:8], settings.max_tokens, settings.label_smoothing
+    )
     batches = task.train_batches(epoch=0, seed=1)[: warmup + steps]
     vocab = tokenizer.vocab_size
     config = ModelConfig.preset(

@@ -8,18 +8,21 @@ step maps, faults in and zeroes them again: training a translator on a 2-core CP
 asks ``malloc`` (``mallopt``) to serve every block from its heap and to keep what is freed
 for the next step. Blocks of changing sizes leave holes in the heap, though, and a 40-minute
 translation run grew to 11.8 GB this way. ``release_freed_memory`` (``malloc_trim``) hands
-the holes back; the trainer, the one user of both, calls it after each validation.
+the holes back; in the library the trainer, on a CPU, calls the first when it starts and
+the second after each validation.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (glibc malloc.h)
 KEEP_BYTES = 1 << 30  # free memory at the top of the heap kept before any is trimmed
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     """The process's own C library if it is glibc (musl's mallopt does nothing), else None."""
     if not sys.platform.startswith("linux"):
@@ -32,8 +35,9 @@ def keep_freed_memory() -> bool:
     """Ask glibc's ``malloc`` to keep freed memory for reuse, for the rest of this process.
 
     Returns:
-        True where it took the settings (Linux with glibc); False elsewhere, where nothing
-        changed (another C library, or ``malloc`` replaced by ``LD_PRELOAD``).
+        True where glibc took the settings; False elsewhere (not Linux, or another C
+        library), where nothing changed. A ``malloc`` put in by ``LD_PRELOAD`` (jemalloc,
+        tcmalloc) ignores them.
     """
     libc = _glibc()
     if libc is None:
