@@ -10,7 +10,10 @@ from qkv.attention import (
 )
 from qkv.config import ModelConfig
 from qkv.interop import load_torch_encoder, load_torch_transformer, transformer_from_torch
+from qkv.kernel_cache import make_room
 from qkv.model import Decoder, Encoder, EncoderModel, OutputLayer, Transformer
+
+make_room()  # before torch computes anything: oneDNN sizes its kernel cache once
 
 # The jobs load their libraries (tokenizers, sacreBLEU, ...) only when first used.
 _LAZY = {
