@@ -29,6 +29,7 @@ from qkv import checkpoint as ckpt
 from qkv.config import ModelConfig, option
 from qkv.data import PAD_ID, SPECIAL_TOKENS, pad_batch, read_lines, token_batches
 from qkv.errors import InputError
+from qkv.loss import smoothed_cross_entropy
 from qkv.model import EncoderModel
 from qkv.training import TrainConfig, Trainer
 
@@ -227,8 +228,8 @@ class MaskedLMTask:
         """Mean cross-entropy over the masked positions."""
         inputs, targets = mask_tokens(batch, self.mask_id, self.mask_prob)
         chosen = targets != IGNORE  # (B, S)
-        logits = model(inputs, chosen).float()  # (M, V)
-        loss = F.cross_entropy(logits, targets[chosen], reduction="sum")
+        logits = model(inputs, chosen)  # (M, V)
+        loss = smoothed_cross_entropy(logits, targets[chosen])  # fp32 whatever the logits
         return loss / max(int(chosen.sum()), 1), int((batch != PAD_ID).sum())
 
     def validate(self, model: nn.Module) -> dict[str, float]:
