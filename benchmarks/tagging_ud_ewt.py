@@ -1,6 +1,7 @@
 """UD English-EWT UPOS tagging: qkv and a plain nn.TransformerEncoder tagger, the same budget.
 
     .venv/bin/python benchmarks/tagging_ud_ewt.py              # 20 minutes each side
+    .venv/bin/python benchmarks/tagging_ud_ewt.py --errors RUN # where RUN's dev errors lie
 
 qkv trains with ``qkv train tagger`` on its defaults (the data options and ``--max-time``
 only): subwords and characters learned from the training file and Multi30k's English
@@ -18,9 +19,11 @@ Test sentences reach neither side before testing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -65,27 +68,59 @@ def pools(data: Path = DATA) -> dict[str, list[str]]:
     }
 
 
+RARE = 5  # a training word seen fewer times than this is rare
+
+
 def accuracy(
-    predicted: list[list[str]], gold: list[TaggedSentence], known: set[str]
+    predicted: list[list[str]], gold: list[TaggedSentence], counts: Counter[str]
 ) -> dict[str, Any]:
-    """UPOS accuracy over all words and over words not in the training file, in percent."""
-    right = total = unseen_right = unseen = 0
+    """UPOS accuracy in percent over all words, over words the training file holds fewer than
+    ``RARE`` times, and over words it never holds (``counts``: each training word's count)."""
+    right = total = rare_right = rare = unseen_right = unseen = 0
     for tags, sentence in zip(predicted, gold, strict=True):
         for word, tag, truth in zip(sentence.words, tags, sentence.tags, strict=True):
             total += 1
             right += tag == truth
-            if word not in known:
+            if counts[word] == 0:
                 unseen += 1
                 unseen_right += tag == truth
+            elif counts[word] < RARE:
+                rare += 1
+                rare_right += tag == truth
     return {
         "accuracy": round(100.0 * right / total, 2),
         "unseen_word_accuracy": round(100.0 * unseen_right / max(unseen, 1), 2),
+        "rare_word_accuracy": round(100.0 * rare_right / max(rare, 1), 2),
         "words": total,
         "unseen_words": unseen,
+        "rare_words": rare,
     }
 
 
-def run_qkv(args: argparse.Namespace, seed: int, test, known: set[str]) -> dict[str, Any]:
+def confusions(
+    predicted: list[list[str]], gold: list[TaggedSentence], top: int = 10
+) -> list[tuple[str, str, int, list[str]]]:
+    """The ``top`` commonest (gold, predicted) errors, each with its count and first words."""
+    words: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for tags, sentence in zip(predicted, gold, strict=True):
+        for word, tag, truth in zip(sentence.words, tags, sentence.tags, strict=True):
+            if tag != truth:
+                words[truth, tag].append(word)
+    ranked = sorted(words.items(), key=lambda item: -len(item[1]))[:top]
+    return [(truth, tag, len(ws), ws[:5]) for (truth, tag), ws in ranked]
+
+
+def errors_on_dev(run: Path, data: Path, counts: Counter[str]) -> None:
+    """Print where a trained tagger's dev errors lie: the bands of ``accuracy``, the commonest
+    confusions. Dev only: the test split is for the benchmark's final figures."""
+    dev = read_conllu(data / DEV)
+    predicted = [[t for _, t in row] for row in Tagger.load(run).tag([s.words for s in dev])]
+    print(json.dumps(accuracy(predicted, dev, counts)))
+    for truth, tag, n, examples in confusions(predicted, dev):
+        print(f"{truth:>6} tagged {tag:<6} {n:5d}  {' '.join(examples)}")
+
+
+def run_qkv(args: argparse.Namespace, seed: int, test, counts: Counter[str]) -> dict[str, Any]:
     run = args.out / f"qkv-seed{seed}"
     command, seconds = harness.qkv(
         "train", "tagger",
@@ -97,7 +132,10 @@ def run_qkv(args: argparse.Namespace, seed: int, test, known: set[str]) -> dict[
     start = time.monotonic()
     tagger = Tagger.load(run)
     predicted = [[t for _, t in row] for row in tagger.tag([s.words for s in test])]
-    scores = {**accuracy(predicted, test, known), "tag_seconds": round(time.monotonic() - start, 1)}
+    scores = {
+        **accuracy(predicted, test, counts),
+        "tag_seconds": round(time.monotonic() - start, 1),
+    }
     print("qkv", seed, scores, flush=True)
     return {
         "command": command,
@@ -109,7 +147,7 @@ def run_qkv(args: argparse.Namespace, seed: int, test, known: set[str]) -> dict[
 
 
 def run_peer(
-    args: argparse.Namespace, seed: int, train, test, known: set[str], bf16: bool
+    args: argparse.Namespace, seed: int, train, test, counts: Counter[str], bf16: bool
 ) -> dict[str, Any]:
     sentences = [(s.words, s.tags) for s in train]
     vocab = peer.PeerVocab.build(sentences)
@@ -124,7 +162,10 @@ def run_peer(
     training = train_for(model, batches, loss, args.seconds, recipe, seed)
     start = time.monotonic()
     predicted = peer.tag(model, vocab, [s.words for s in test])
-    scores = {**accuracy(predicted, test, known), "tag_seconds": round(time.monotonic() - start, 1)}
+    scores = {
+        **accuracy(predicted, test, counts),
+        "tag_seconds": round(time.monotonic() - start, 1),
+    }
     print("peer", seed, scores, flush=True)
     return {
         "what": "word + suffix + shape embeddings, nn.TransformerEncoder small, pre-norm "
@@ -142,6 +183,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="folder with en_ewt-ud-*.conllu")
     parser.add_argument("--out", type=Path, default=Path("runs/ud_ewt"), help="run folders")
     parser.add_argument("--result", type=Path, default=harness.RESULTS / "tagging_ud_ewt.json")
+    parser.add_argument(
+        "--errors",
+        type=Path,
+        metavar="RUN",
+        help="train nothing: print where a trained tagger's errors on dev lie",
+    )
     args = parser.parse_args()
     if not all((args.data / name).is_file() for name in (TRAIN, DEV, TEST)):
         raise SystemExit(f"{args.data}: UD English-EWT not found; pass --data")
@@ -150,17 +197,20 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    train = read_conllu(args.data / TRAIN)
+    counts = Counter(w for s in train for w in s.words)
+    if args.errors is not None:
+        errors_on_dev(args.errors, args.data, counts)
+        return
     warnings = harness.check_quiet(args.allow_busy)
     machine = harness.machine()
-    train = read_conllu(args.data / TRAIN)
     test = read_conllu(args.data / TEST)
-    known = {w for s in train for w in s.words}
 
     runs = []
     for seed in range(1, args.seeds + 1):
-        ours = run_qkv(args, seed, test, known)
+        ours = run_qkv(args, seed, test, counts)
         bf16 = ours["training"].get("precision") == "bf16"
-        theirs = run_peer(args, seed, train, test, known, bf16)
+        theirs = run_peer(args, seed, train, test, counts, bf16)
         runs.append({"seed": seed, "qkv": ours, "peer": theirs})
     warnings += harness.busy_during(machine["load_average"][0])
 
