@@ -87,10 +87,11 @@ class TaggerData(JobSettings):
 class TaggerSettings(PretrainOptions, TaggerData):
     """Data, vocabulary, word encoder and pretraining of a tagging run."""
 
-    # Masked-LM pretraining: on UD English-EWT dev (seed 1, 20 minutes, the two runs side by
-    # side on one thread each, Multi30k's English captions as --unlabeled) 92.92% against
-    # 92.41% without it, with the dev loss at 0.28 against 0.33; 40% of --max-time with the
-    # vocabulary and word dropout above (see ``TaggerData.vocab_size``).
+    # Masked-LM pretraining (then for 60% of --max-time): on UD English-EWT dev (seed 1, 20
+    # minutes, the two runs side by side on one thread each, Multi30k's English captions as
+    # --unlabeled) 92.92% against 92.41% without it, with the dev loss at 0.28 against 0.33;
+    # now 40% of --max-time, with the vocabulary and word dropout above (see
+    # ``TaggerData.vocab_size``).
     pretrain_share: float = option(
         0.4,
         "share of --max-time spent pretraining when neither --pretrain-steps nor "
