@@ -26,6 +26,8 @@ from qkv.jobs.tagging import (
     read_conllu,
 )
 from qkv.jobs.tagging.data import collate, split_words
+from qkv.jobs.tagging.task import TaggingTask
+from qkv.labels import LabelVocab
 from qkv.viz.attention import run_attention
 
 from ..helpers import assert_starts_from_pretrained, tiny_train_config
@@ -170,6 +172,100 @@ def test_xpos_reads_column_5(tmp_path):
         read_conllu(None, option="--valid")
 
 
+def test_aux_columns_are_read_beside_the_tags(tmp_path):
+    path = write_conllu(tmp_path / "x.conllu", 5, seed=7, extras=True)
+    upos = read_conllu(path)
+    both = read_conllu(path, aux=("xpos", "feats", "deprel"))
+    xpos = read_conllu(path, tagset="xpos")
+    assert [s.tags for s in both] == [s.tags for s in upos] and not upos[0].aux
+    assert [s.aux["xpos"] for s in both] == [s.tags for s in xpos]
+    for s in both:
+        assert s.aux["feats"] == ["_"] * len(s.words) and s.aux["deprel"] == ["dep"] * len(s.words)
+    with pytest.raises(InputError, match="'lemma' is not one of"):
+        read_conllu(path, aux=("lemma",))
+
+
+def aux_setup(data, n_sentences=8):
+    """Toy sentences with their XPOS as an extra column, a small encoder (words split) and
+    the UPOS and XPOS vocabularies."""
+    sentences = read_conllu(data["train"], aux=("xpos",))[:n_sentences]
+    encoder = WordEncoder.train([s.words for s in sentences], 40)
+    upos = LabelVocab.from_data(t for s in sentences for t in s.tags)
+    xpos = LabelVocab.from_data(t for s in sentences for t in s.aux["xpos"])
+    return sentences, encoder, upos, xpos
+
+
+def test_aux_targets_sit_where_the_tags_do(data):
+    sentences, encoder, upos, xpos = aux_setup(data)
+    task = TaggingTask(encoder, upos, sentences, sentences, 64, 10_000, 0.0, {"xpos": xpos}, 1.0)
+    batch = collate(task.train)
+    target = batch.aux_targets["xpos"]  # (B, S)
+    assert target.shape == batch.targets.shape
+    assert torch.equal(target.eq(IGNORE), batch.targets.eq(IGNORE))
+    assert batch.targets.ne(IGNORE).sum() < batch.src.ne(0).sum()  # some words split
+    names = {u: x for u, (_, x) in LEXICON.items()}
+    labelled = batch.targets.ne(IGNORE)
+    pairs = zip(batch.targets[labelled].tolist(), target[labelled].tolist(), strict=True)
+    for u_id, x_id in pairs:
+        assert names[upos.names[u_id]] == xpos.names[x_id]
+    assert not collate(encode_plain(encoder, upos, sentences)).aux_targets
+
+
+def encode_plain(encoder, labels, sentences):
+    return [
+        e for s in sentences for e in encoder.examples(s.words, [labels.id(t) for t in s.tags], 64)
+    ]
+
+
+def test_aux_heads_add_their_weighted_loss_and_leave_the_tags_alone(data):
+    sentences, encoder, upos, xpos = aux_setup(data)
+    config = ModelConfig.preset("tiny", src_vocab_size=encoder.tokenizer.vocab_size,
+                                n_decoder_layers=0, max_len=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = TaggerModel(config, len(upos), encoder.n_chars, char_dim=8,
+                        aux_labels={"xpos": len(xpos)}).eval()  # fmt: skip
+    batch = collate(TaggingTask(encoder, upos, sentences, sentences, 64, 10_000, 0.0,
+                                {"xpos": xpos}, 0.5).train)  # fmt: skip
+    logits, extra = model(batch.src, batch.word_index, batch.chars, aux=True)
+    torch.testing.assert_close(logits, model(batch.src, batch.word_index, batch.chars))
+    assert extra["xpos"].shape == (*batch.src.shape, len(xpos))
+
+    def cross_entropy(scores, targets):  # mean over labelled words, by hand
+        keep = targets.ne(IGNORE)
+        log_p = scores[keep].log_softmax(-1)
+        return -log_p.gather(1, targets[keep][:, None]).mean()
+
+    for weight in (0.0, 0.5, 2.0):
+        task = TaggingTask(encoder, upos, sentences, sentences, 64, 10_000, 0.0,
+                           {"xpos": xpos}, weight)  # fmt: skip
+        loss, n = task.loss(model, batch)
+        expected = cross_entropy(logits, batch.targets) + weight * cross_entropy(
+            extra["xpos"], batch.aux_targets["xpos"]
+        )
+        torch.testing.assert_close(loss, expected)
+        assert n == int(batch.targets.ne(IGNORE).sum())
+    model.zero_grad()
+    loss.backward()
+    assert model.aux_heads["xpos"].weight.grad.abs().sum() > 0
+
+
+def test_cli_training_with_aux_tags_saves_their_labels_and_still_tags(data, tmp_path):
+    out = tmp_path / "aux_run"
+    args = train_args(data, out, "--max-steps", "4", "--eval-every", "2", "--max-tokens", "300",
+                      "--aux-tags", "xpos", "--aux-tags", "deprel")  # fmt: skip
+    assert main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["settings"]["aux_tags"] == ["xpos", "deprel"]
+    xpos = json.loads((out / "labels-xpos.json").read_text())["labels"]
+    assert sorted(xpos) == sorted(x for _, x in LEXICON.values())
+    assert json.loads((out / "labels-deprel.json").read_text())["labels"] == ["dep"]
+    tagger = Tagger.load(out)
+    assert set(tagger.model.aux_heads) == {"xpos", "deprel"}
+    tagged = tagger.predict_lines(["the dog sees a cat ."])[0].split()
+    assert [t.rsplit("/", 1)[0] for t in tagged] == "the dog sees a cat .".split()
+    assert {t.rsplit("/", 1)[1] for t in tagged} <= set(LEXICON)
+
+
 def test_model_adds_character_vectors_through_the_input_embedding(data):
     sentences = read_conllu(data["train"])[:4]
     encoder = WordEncoder.train([s.words for s in sentences], 60)
@@ -230,7 +326,8 @@ def test_malformed_conllu_is_one_error_line_naming_file_and_line(tmp_path, capsy
 @pytest.mark.parametrize(
     "option, value",
     [("--char-dim", "-1"), ("--token-dropout", "1.0"), ("--word-dropout", "1.0"),
-     ("--max-len", "0"),
+     ("--max-len", "0"), ("--aux-tags", "lemma"), ("--aux-tags", "upos"),
+     ("--aux-weight", "-0.5"),
      ("--max-tokens", "0"), ("--vocab-size", "3"), ("--label-smoothing", "1.5")],
 )  # fmt: skip
 def test_bad_settings_are_one_error_line_naming_the_option(data, tmp_path, capsys, option, value):

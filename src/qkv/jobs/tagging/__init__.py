@@ -30,6 +30,7 @@ from qkv.jobs.pretraining import (
     read_texts,
 )
 from qkv.jobs.tagging.data import (
+    AUX_COLUMNS,
     IGNORE,
     MAX_WORD_SUBWORDS,
     TAGSETS,
@@ -81,6 +82,13 @@ class TaggerData(JobSettings):
         "share of a batch's distinct words whose subwords all become <unk> while training, "
         "as unseen words are missing from the vocabulary",
     )
+    aux_tags: list[str] = option(
+        [],
+        "another column of --train learned alongside by an extra head while training: "
+        f"{', '.join(AUX_COLUMNS)} (repeatable)",
+        metavar="COLUMN",
+    )
+    aux_weight: float = option(0.5, "weight of each --aux-tags head's loss")
 
 
 @dataclass
@@ -114,6 +122,14 @@ class TaggerSettings(PretrainOptions, TaggerData):
             raise InputError(f"--token-dropout {self.token_dropout} must be in [0, 1)")
         if not 0 <= self.word_dropout < 1:
             raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
+        for name in self.aux_tags:
+            if name not in AUX_COLUMNS or name == self.tagset:
+                others = ", ".join(c for c in AUX_COLUMNS if c != self.tagset)
+                raise InputError(f"--aux-tags {name} is not one of {others}")
+        if len(set(self.aux_tags)) < len(self.aux_tags):
+            raise InputError(f"--aux-tags names a column twice: {' '.join(self.aux_tags)}")
+        if self.aux_weight < 0:
+            raise InputError(f"--aux-weight {self.aux_weight} must be 0 or more")
         self.check_pretraining()
 
 
@@ -122,6 +138,11 @@ class TaggerInputs(NamedTuple):
 
     encoder: WordEncoder
     labels: LabelVocab
+    aux: dict[str, LabelVocab] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+
+
+def _aux_labels_path(run_dir: Path, column: str) -> Path:
+    return run_dir / f"labels-{column}.json"
 
 
 class TaggerJob(Job):
@@ -159,7 +180,7 @@ class TaggerJob(Job):
     def read_data(self, settings: TaggerSettings) -> dict[str, Any]:
         """Train and valid ``TaggedSentence``s; the unlabeled sentences as lists of words."""
         return {
-            "train": read_conllu(settings.train, settings.tagset, "--train"),
+            "train": read_conllu(settings.train, settings.tagset, "--train", settings.aux_tags),
             "valid": read_conllu(settings.valid, settings.tagset, "--valid"),
             "unlabeled": [
                 words
@@ -178,12 +199,19 @@ class TaggerJob(Job):
             encoder = WordEncoder.train(sentences, settings.vocab_size)
         # Validation tags too, so that a tag missing from training cannot stop a run.
         labels = LabelVocab.from_data(t for s in [*data["train"], *data["valid"]] for t in s.tags)
+        aux = {
+            name: LabelVocab.from_data(v for s in data["train"] for v in s.aux[name])
+            for name in settings.aux_tags
+        }
         encoder.save(run_dir)
         labels.save(run_dir / LABELS)
-        return TaggerInputs(encoder, labels)
+        for name, vocab in aux.items():
+            vocab.save(_aux_labels_path(run_dir, name))
+        return TaggerInputs(encoder, labels, aux)
 
     def load_prepared(self, settings: TaggerSettings, run_dir: Path) -> TaggerInputs:
-        return TaggerInputs(WordEncoder.load(run_dir), LabelVocab.load(run_dir / LABELS))
+        aux = {name: LabelVocab.load(_aux_labels_path(run_dir, name)) for name in settings.aux_tags}
+        return TaggerInputs(WordEncoder.load(run_dir), LabelVocab.load(run_dir / LABELS), aux)
 
     def model_config(
         self, config: ModelConfig, settings: TaggerSettings, prepared: TaggerInputs
@@ -211,6 +239,7 @@ class TaggerJob(Job):
             settings.char_dim,
             settings.token_dropout,
             settings.word_dropout,
+            {name: len(vocab) for name, vocab in prepared.aux.items()},
         )
 
     def before_fit(
@@ -251,6 +280,8 @@ class TaggerJob(Job):
             settings.max_len,
             settings.max_tokens,
             settings.label_smoothing,
+            prepared.aux,
+            settings.aux_weight,
         )
 
     def finish(

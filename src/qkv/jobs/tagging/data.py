@@ -1,6 +1,7 @@
 """Treebanks in CoNLL-U, and tagged words as model inputs.
 
-``read_conllu`` reads the words of each sentence with their UPOS or XPOS tags. A
+``read_conllu`` reads the words of each sentence with their UPOS or XPOS tags, and with
+``aux`` the other columns a tagger may learn alongside (``AUX_COLUMNS``). A
 ``WordEncoder`` turns words into subword ids (each word on its own) and character ids;
 ``collate`` pads those into one ``TaggingBatch``.
 
@@ -27,6 +28,9 @@ from qkv.data import PAD_ID, UNK_ID, SubwordTokenizer, read_lines
 from qkv.errors import InputError, where
 
 TAGSETS = {"upos": 3, "xpos": 4}  # column index (0-based) of the tag in a CoNLL-U token line
+# Columns learned by extra heads while training (``--aux-tags``): language-specific tags,
+# morphological features and the dependency relation to the head word.
+AUX_COLUMNS = {"upos": 3, "xpos": 4, "feats": 5, "deprel": 7}
 _TOKEN_ID = re.compile(r"\d+|\d+-\d+|\d+\.\d+")
 TOKENIZER, CHARS = "tokenizer.json", "chars.json"
 IGNORE = -100  # target of subwords that are not a word's first: cross_entropy skips them
@@ -40,11 +44,16 @@ _RAW_WORD = re.compile(r"\w+(?=n't\b)|n't\b|'\w+|\w+(?:[-.]\w+)*|[^\w\s]", re.IG
 
 @dataclasses.dataclass
 class TaggedSentence:
-    """Words of one sentence with their gold tags and the file lines they came from."""
+    """Words of one sentence with their gold tags and the file lines they came from.
+
+    ``aux`` holds, for each column read with ``read_conllu(aux=...)``, that column's value of
+    each word (``_`` where it is empty).
+    """
 
     words: list[str]
     tags: list[str]
     lines: list[int]
+    aux: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
 def split_words(text: str) -> list[str]:
@@ -53,7 +62,10 @@ def split_words(text: str) -> list[str]:
 
 
 def read_conllu(
-    path: str | Path | None, tagset: str = "upos", option: str = "--train"
+    path: str | Path | None,
+    tagset: str = "upos",
+    option: str = "--train",
+    aux: Sequence[str] = (),
 ) -> list[TaggedSentence]:
     """Read the words (plain integer ids) and their UPOS or XPOS tags from a CoNLL-U file.
 
@@ -64,32 +76,40 @@ def read_conllu(
         path: the CoNLL-U file (UTF-8).
         tagset: ``"upos"`` (column 4) or ``"xpos"`` (column 5).
         option: the option that named ``path``, for the error when it is missing.
+        aux: names of ``AUX_COLUMNS`` whose values go to ``TaggedSentence.aux``.
     """
     if path is None:
         raise InputError(f"{option} is missing: give a CoNLL-U file")
     if tagset not in TAGSETS:
         raise InputError(f"tagset {tagset!r} is not one of {sorted(TAGSETS)}")
+    for name in aux:
+        if name not in AUX_COLUMNS:
+            raise InputError(f"column {name!r} is not one of {', '.join(AUX_COLUMNS)}")
     column = TAGSETS[tagset]
     sentences: list[TaggedSentence] = []
     block: list[str] = []
     numbers: list[int] = []
+    rows: list[list[str]] = []  # the tab-separated fields of each token line
     for number, line in enumerate([*read_lines(path), ""], start=1):
         if line.strip():
             if not line.startswith("#"):
                 _check_token_line(line, path, number, column, tagset)
                 numbers.append(number)
+                rows.append(line.split("\t"))
             block.append(line)
             continue
         if numbers:
             tokens = conllu.parse("\n".join(block) + "\n\n")[0]
-            sentence = TaggedSentence([], [], [])
-            for token, line_number in zip(tokens, numbers, strict=True):
+            sentence = TaggedSentence([], [], [], {name: [] for name in aux})
+            for token, line_number, fields in zip(tokens, numbers, rows, strict=True):
                 if isinstance(token["id"], int):
                     sentence.words.append(token["form"])
                     sentence.tags.append(token[tagset])
                     sentence.lines.append(line_number)
+                    for name in aux:
+                        sentence.aux[name].append(fields[AUX_COLUMNS[name]].strip() or "_")
             sentences.append(sentence)
-        block, numbers = [], []
+        block, numbers, rows = [], [], []
     if not sentences:
         raise InputError(f"{where(path)}: holds no CoNLL-U token lines; is it a CoNLL-U file?")
     return sentences
@@ -129,12 +149,15 @@ class Example:
         word_index: (S,) the word each subword belongs to.
         targets: (S,) the word's label id at its first subword, ``IGNORE`` elsewhere.
         chars: (W,) character ids of each word, with word start and end marks.
+        aux: (S,) for each extra column learned alongside, its label ids laid out as
+            ``targets``.
     """
 
     ids: list[int]
     word_index: list[int]
     targets: list[int]
     chars: list[list[int]]
+    aux: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def align_first_subwords(
@@ -193,9 +216,16 @@ class WordEncoder:
         return [WORD_START, *(self.char_ids.get(c, CHAR_UNK) for c in word), WORD_END]
 
     def examples(
-        self, words: Sequence[str], labels: Sequence[int] | None, max_len: int
+        self,
+        words: Sequence[str],
+        labels: Sequence[int] | None,
+        max_len: int,
+        aux: dict[str, Sequence[int]] | None = None,
     ) -> list[Example]:
-        """The sentence as one ``Example``, or as consecutive pieces of at most ``max_len``."""
+        """The sentence as one ``Example``, or as consecutive pieces of at most ``max_len``.
+
+        ``aux`` gives label ids of each word for the extra heads (``Example.aux``).
+        """
         pieces = [p[:MAX_WORD_SUBWORDS] or [UNK_ID] for p in self.subwords(words)]
         bounds, start, size = [], 0, 0
         for w, p in enumerate(pieces):
@@ -211,7 +241,13 @@ class WordEncoder:
             part = None if labels is None else labels[start:end]
             ids, word_index, targets = align_first_subwords(pieces[start:end], part)
             chars = [self.word_chars(w) for w in words[start:end]]
-            out.append(Example(ids[:max_len], word_index[:max_len], targets[:max_len], chars))
+            extra = {
+                name: align_first_subwords(pieces[start:end], values[start:end])[2][:max_len]
+                for name, values in (aux or {}).items()
+            }
+            out.append(
+                Example(ids[:max_len], word_index[:max_len], targets[:max_len], chars, extra)
+            )
         return out
 
     def save(self, run_dir: Path) -> None:
@@ -238,6 +274,7 @@ class TaggingBatch:
         targets: (B, S) label ids at first subwords, ``IGNORE`` elsewhere.
         chars: (U, C) character ids of the U distinct words of the batch.
         n_labels: labelled words (the loss is per word).
+        aux_targets: (B, S) for each extra column, laid out as ``targets``.
     """
 
     src: Tensor
@@ -245,6 +282,7 @@ class TaggingBatch:
     targets: Tensor
     chars: Tensor
     n_labels: int
+    aux_targets: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
 
 def _pad(rows: Sequence[Sequence[int]], value: int) -> Tensor:
@@ -271,4 +309,9 @@ def collate(examples: Sequence[Example]) -> TaggingBatch:
         targets=targets,
         chars=_pad(list(rows), CHAR_PAD),  # (U, C)
         n_labels=int((targets != IGNORE).sum()),
+        aux_targets={
+            name: _pad([e.aux[name] for e in examples], IGNORE) for name in examples[0].aux
+        }
+        if examples
+        else {},
     )

@@ -3,7 +3,9 @@
 Each word is split into subwords; the encoder runs over the subwords and the word's label is
 read at its FIRST subword (the loss ignores the others). A small character CNN encodes the
 whole word and is added to each of its subwords, so that an unseen word still shows its
-suffix, capitals and digits where its label is read.
+suffix, capitals and digits where its label is read. Extra linear heads may learn other
+columns of the treebank (XPOS, features, dependency relations) from the same vectors while
+training; tagging reads the main head only.
 
 Legend: B batch, S subwords, U distinct words of a batch, C characters of a word,
 D model width, E character width, K labels.
@@ -53,6 +55,8 @@ class TaggerModel(nn.Module):
             the model learns to tag words from their characters and context alone.
         word_dropout: while training, the share of a batch's distinct words whose subwords
             all become ``<unk>``: whole words go missing, as unseen words do.
+        aux_labels: labels of each extra head by column name (``AUX_COLUMNS``), learned
+            alongside the tags while training.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class TaggerModel(nn.Module):
         char_dim: int = 64,
         token_dropout: float = 0.1,
         word_dropout: float = 0.0,
+        aux_labels: dict[str, int] | None = None,
     ) -> None:
         super().__init__()
         self.config, self.token_dropout = config, token_dropout
@@ -70,6 +75,9 @@ class TaggerModel(nn.Module):
         self.body = EncoderModel(config)
         self.chars = CharEncoder(n_chars, char_dim, config.d_model) if char_dim > 0 else None
         self.head = nn.Linear(config.d_model, n_labels)
+        self.aux_heads = nn.ModuleDict(
+            {name: nn.Linear(config.d_model, k) for name, k in (aux_labels or {}).items()}
+        )
 
     def forward(
         self,
@@ -77,10 +85,12 @@ class TaggerModel(nn.Module):
         word_index: Tensor,
         chars: Tensor,
         attentions: list[Tensor] | None = None,
-    ) -> Tensor:
+        aux: bool = False,
+    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """src, word_index (B, S) and chars (U, C) of a ``TaggingBatch`` -> logits (B, S, K).
 
-        ``attentions``, when given, receives each layer's weights (B, H, S, S).
+        ``attentions``, when given, receives each layer's weights (B, H, S, S). With ``aux``
+        the extra heads' logits come too: (logits, {column: (B, S, K_column)}).
         """
         tokens = src
         if self.training and self.token_dropout > 0:
@@ -95,4 +105,6 @@ class TaggerModel(nn.Module):
         extra = None if self.chars is None else self.chars(chars)[word_index]  # (B, S, D)
         x = self.body.embed(tokens, extra=extra)  # (B, S, D)
         h = self.body.encoder(x, padding_mask(src, self.config.pad_id), attentions)  # (B, S, D)
+        if aux:
+            return self.head(h), {name: head(h) for name, head in self.aux_heads.items()}
         return self.head(h)

@@ -1,5 +1,5 @@
-"""Tagging for the ``Trainer``: batches of first-subword labels, label-smoothed loss per word,
-validation accuracy and macro-F1.
+"""Tagging for the ``Trainer``: batches of first-subword labels, label-smoothed loss per word
+(plus the extra heads' losses, weighted), validation accuracy and macro-F1.
 
 Legend: B batch, S subwords, K labels.
 """
@@ -41,10 +41,13 @@ class TaggingTask:
         max_len: int,
         max_tokens: int,
         label_smoothing: float,
+        aux_labels: dict[str, LabelVocab] | None = None,
+        aux_weight: float = 0.0,
     ) -> None:
         self.labels = labels
         self.max_tokens, self.label_smoothing = max_tokens, label_smoothing
-        self.train = encode_sentences(encoder, labels, train, max_len)
+        self.aux_weight = aux_weight
+        self.train = encode_sentences(encoder, labels, train, max_len, aux_labels)
         self.valid = encode_sentences(encoder, labels, valid, max_len)
 
     def train_batches(self, epoch: int, seed: int) -> list[TaggingBatch]:
@@ -53,16 +56,26 @@ class TaggingTask:
         return [collate([self.train[i] for i in b]) for b in batches]
 
     def loss(self, model: nn.Module, batch: TaggingBatch) -> tuple[Tensor, int]:
-        """Label-smoothed cross-entropy per word, read at first subwords only."""
-        logits = model(batch.src, batch.word_index, batch.chars)  # (B, S, K)
-        loss = F.cross_entropy(
+        """Label-smoothed cross-entropy per word, read at first subwords only; with extra
+        heads, plus ``aux_weight`` times each of their cross-entropies per word."""
+        if not batch.aux_targets:
+            logits = model(batch.src, batch.word_index, batch.chars)  # (B, S, K)
+            return self._word_loss(logits, batch.targets) / max(batch.n_labels, 1), batch.n_labels
+        logits, extra = model(batch.src, batch.word_index, batch.chars, aux=True)
+        loss = self._word_loss(logits, batch.targets)
+        for name, targets in batch.aux_targets.items():
+            loss = loss + self.aux_weight * self._word_loss(extra[name], targets)
+        return loss / max(batch.n_labels, 1), batch.n_labels
+
+    def _word_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Summed label-smoothed cross-entropy of (B, S, K) logits at (B, S) targets."""
+        return F.cross_entropy(
             logits.flatten(0, 1).float(),
-            batch.targets.flatten(),
+            targets.flatten(),
             ignore_index=IGNORE,
             label_smoothing=self.label_smoothing,
             reduction="sum",
         )
-        return loss / max(batch.n_labels, 1), batch.n_labels
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         """Loss (no smoothing), accuracy and macro-F1 over the validation words."""
@@ -73,10 +86,18 @@ class TaggingTask:
 
 
 def encode_sentences(
-    encoder: WordEncoder, labels: LabelVocab, sentences: Sequence[TaggedSentence], max_len: int
+    encoder: WordEncoder,
+    labels: LabelVocab,
+    sentences: Sequence[TaggedSentence],
+    max_len: int,
+    aux_labels: dict[str, LabelVocab] | None = None,
 ) -> list[Example]:
-    """Examples of gold-tagged sentences, cut into pieces of at most ``max_len`` subwords."""
+    """Examples of gold-tagged sentences, cut into pieces of at most ``max_len`` subwords;
+    with ``aux_labels``, each sentence's values of those columns as extra targets."""
     out = []
     for s in sentences:
-        out += encoder.examples(s.words, [labels.id(t) for t in s.tags], max_len)
+        aux = {
+            name: [vocab.id(v) for v in s.aux[name]] for name, vocab in (aux_labels or {}).items()
+        }
+        out += encoder.examples(s.words, [labels.id(t) for t in s.tags], max_len, aux or None)
     return out
