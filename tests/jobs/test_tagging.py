@@ -266,6 +266,23 @@ def test_cli_training_with_aux_tags_saves_their_labels_and_still_tags(data, tmp_
     assert {t.rsplit("/", 1)[1] for t in tagged} <= set(LEXICON)
 
 
+def test_aux_tags_default_follows_the_tagset_and_none_turns_them_off(data, tmp_path):
+    base = TaggerSettings(train=str(data["train"]), valid=str(data["valid"]))
+    assert JOB.resolve(base).aux_tags == ["xpos", "deprel"]
+    xpos = JOB.resolve(TaggerSettings(tagset="xpos"))
+    assert xpos.aux_tags == ["upos", "deprel"]
+    assert JOB.resolve(TaggerSettings(aux_tags=["none"])).aux_tags == []
+    assert JOB.resolve(TaggerSettings(aux_tags=["feats"])).aux_tags == ["feats"]
+    out = tmp_path / "plain"
+    assert main(train_args(data, out, "--max-steps", "2", "--aux-tags", "none")) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["settings"]["aux_tags"] == [] and not list(out.glob("labels-*.json"))
+    del config["settings"]["aux_tags"]  # as a run saved before --aux-tags existed
+    (out / "config.json").write_text(json.dumps(config))
+    assert not Tagger.load(out).model.aux_heads
+    assert len(Tagger.load(out).predict_lines(["the dog sees a cat ."])[0].split()) == 6
+
+
 def test_model_adds_character_vectors_through_the_input_embedding(data):
     sentences = read_conllu(data["train"])[:4]
     encoder = WordEncoder.train([s.words for s in sentences], 60)

@@ -46,6 +46,8 @@ from qkv.jobs.tagging.task import TaggingTask
 from qkv.labels import LABELS, LabelVocab
 from qkv.training import TrainConfig
 
+DEFAULT_AUX = ("xpos", "deprel")
+
 
 @dataclass
 class TaggerData(JobSettings):
@@ -82,10 +84,15 @@ class TaggerData(JobSettings):
         "share of a batch's distinct words whose subwords all become <unk> while training, "
         "as unseen words are missing from the vocabulary",
     )
+    # Extra heads on XPOS and the dependency relations: on UD English-EWT dev (20 minutes,
+    # two runs side by side on one thread each) 93.69% against 93.40% without them with seed
+    # 1, 93.96% against 93.02% with seed 2, 93.83% against 93.36% with seed 3; the dev loss
+    # lower throughout (0.26 against 0.29 at the end). FEATS as a third head: 93.82% (seed 1).
     aux_tags: list[str] = option(
-        [],
+        list(DEFAULT_AUX),
         "another column of --train learned alongside by an extra head while training: "
-        f"{', '.join(AUX_COLUMNS)} (repeatable)",
+        f"{', '.join(AUX_COLUMNS)}; repeatable (default: {' '.join(DEFAULT_AUX)}, with "
+        "--tagset xpos upos instead of xpos; none: no extra head)",
         metavar="COLUMN",
     )
     aux_weight: float = option(0.5, "weight of each --aux-tags head's loss")
@@ -105,6 +112,11 @@ class TaggerSettings(PretrainOptions, TaggerData):
         "share of --max-time spent pretraining when neither --pretrain-steps nor "
         "--pretrain-time is given (0 skips pretraining)",
     )
+
+    @classmethod
+    def saved(cls, values: dict[str, Any]) -> TaggerSettings:
+        # A run saved before --aux-tags existed has no extra heads.
+        return cls.from_dict({"aux_tags": [], **values})
 
     def check(self) -> None:
         super().check()
@@ -176,6 +188,16 @@ class TaggerJob(Job):
         "lr": 1e-3,
         "average_last": 5,
     }
+
+    def resolve(self, settings: TaggerSettings) -> TaggerSettings:
+        """``--aux-tags none`` -> no extra heads; the default's xpos -> upos with
+        ``--tagset xpos``."""
+        if settings.aux_tags == ["none"]:
+            return dataclasses.replace(settings, aux_tags=[])
+        if settings.tagset == "xpos" and settings.aux_tags == list(DEFAULT_AUX):
+            other = ["upos" if name == "xpos" else name for name in DEFAULT_AUX]
+            return dataclasses.replace(settings, aux_tags=other)
+        return settings
 
     def read_data(self, settings: TaggerSettings) -> dict[str, Any]:
         """Train and valid ``TaggedSentence``s; the unlabeled sentences as lists of words."""
