@@ -6,8 +6,9 @@
 qkv trains with ``qkv train tagger`` on its defaults (the data options and ``--max-time``
 only): subwords and characters learned from the training file and Multi30k's English
 training captions (``--unlabeled``), the encoder pretrained as a masked language model on
-both for the job's ``--pretrain-share`` of the budget (40%), then fine-tuned, checkpoints
-chosen on dev.
+both for the job's ``--pretrain-share`` of the budget (40%), then fine-tuned with extra
+heads on the training file's XPOS and dependency-relation columns (``--aux-tags``),
+checkpoints chosen on dev.
 Then the peer (benchmarks/peers/tagging.py) trains for the same wall-clock time on the same
 training sentences: one embedding per training word (seen twice or more), its 3-letter
 suffix and its shape, ``nn.TransformerEncoder`` small, pre-norm, a linear head; it uses no
