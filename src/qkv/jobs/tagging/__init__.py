@@ -91,8 +91,8 @@ class TaggerData(JobSettings):
     aux_tags: list[str] = option(
         list(DEFAULT_AUX),
         "another column of --train learned alongside by an extra head while training: "
-        f"{', '.join(AUX_COLUMNS)}; repeatable (default: {' '.join(DEFAULT_AUX)}, with "
-        "--tagset xpos upos instead of xpos; none: no extra head)",
+        f"{', '.join(AUX_COLUMNS)}; repeatable (default: {' '.join(DEFAULT_AUX)}, or upos "
+        "deprel with --tagset xpos; none: no extra head)",
         metavar="COLUMN",
     )
     aux_weight: float = option(0.5, "weight of each --aux-tags head's loss")
@@ -150,7 +150,7 @@ class TaggerInputs(NamedTuple):
 
     encoder: WordEncoder
     labels: LabelVocab
-    aux: dict[str, LabelVocab] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+    aux: dict[str, LabelVocab]  # the extra heads' labels by column
 
 
 def _aux_labels_path(run_dir: Path, column: str) -> Path:

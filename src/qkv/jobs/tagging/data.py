@@ -30,7 +30,7 @@ from qkv.errors import InputError, where
 TAGSETS = {"upos": 3, "xpos": 4}  # column index (0-based) of the tag in a CoNLL-U token line
 # Columns learned by extra heads while training (``--aux-tags``): language-specific tags,
 # morphological features and the dependency relation to the head word.
-AUX_COLUMNS = {"upos": 3, "xpos": 4, "feats": 5, "deprel": 7}
+AUX_COLUMNS = {**TAGSETS, "feats": 5, "deprel": 7}
 _TOKEN_ID = re.compile(r"\d+|\d+-\d+|\d+\.\d+")
 TOKENIZER, CHARS = "tokenizer.json", "chars.json"
 IGNORE = -100  # target of subwords that are not a word's first: cross_entropy skips them

@@ -58,10 +58,7 @@ class TaggingTask:
     def loss(self, model: nn.Module, batch: TaggingBatch) -> tuple[Tensor, int]:
         """Label-smoothed cross-entropy per word, read at first subwords only; with extra
         heads, plus ``aux_weight`` times each of their cross-entropies per word."""
-        if not batch.aux_targets:
-            logits = model(batch.src, batch.word_index, batch.chars)  # (B, S, K)
-            return self._word_loss(logits, batch.targets) / max(batch.n_labels, 1), batch.n_labels
-        logits, extra = model(batch.src, batch.word_index, batch.chars, aux=True)
+        logits, extra = model(batch.src, batch.word_index, batch.chars, aux=True)  # (B, S, K)
         loss = self._word_loss(logits, batch.targets)
         for name, targets in batch.aux_targets.items():
             loss = loss + self.aux_weight * self._word_loss(extra[name], targets)
@@ -99,5 +96,5 @@ def encode_sentences(
         aux = {
             name: [vocab.id(v) for v in s.aux[name]] for name, vocab in (aux_labels or {}).items()
         }
-        out += encoder.examples(s.words, [labels.id(t) for t in s.tags], max_len, aux or None)
+        out += encoder.examples(s.words, [labels.id(t) for t in s.tags], max_len, aux)
     return out
