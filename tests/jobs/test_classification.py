@@ -21,7 +21,7 @@ from qkv.jobs.classification import (
     SequenceClassifier,
     read_labeled,
 )
-from qkv.jobs.classification.model import pool
+from qkv.jobs.classification.model import POOLINGS, pool
 from qkv.jobs.pretraining import mask_tokens, read_texts
 
 from ..helpers import assert_starts_from_pretrained
@@ -157,18 +157,22 @@ def test_a_bad_line_names_file_and_line(tmp_path, text, fmt, line):
 # ---------------------------------------------------------------- model pieces
 
 
-def test_mean_pooling_ignores_padding_and_cls_takes_position_0():
+def test_mean_and_max_pooling_ignore_padding_and_cls_takes_position_0():
     states = torch.randn(2, 4, 3)
+    states[0, 2:] = 100.0  # padding that would win the maximum if it were read
     real = torch.tensor([[True, True, False, False], [True, True, True, True]])
     pooled = pool(states, real, "mean")
     torch.testing.assert_close(pooled[0], states[0, :2].mean(0))
     torch.testing.assert_close(pooled[1], states[1].mean(0))
+    pooled = pool(states, real, "max")
+    torch.testing.assert_close(pooled[0], states[0, :2].amax(0))
+    torch.testing.assert_close(pooled[1], states[1].amax(0))
     torch.testing.assert_close(pool(states, real, "cls"), states[:, 0])
 
 
 def test_padding_does_not_change_a_texts_logits():
     config = ModelConfig.preset("tiny", **TINY)
-    for pooling in ("mean", "cls"):
+    for pooling in POOLINGS:
         model = SequenceClassifier(config, 3, pooling).eval()
         ids = torch.tensor([[1, 7, 8, 9]])
         padded = torch.tensor([[1, 7, 8, 9, 0, 0], [1, 5, 0, 0, 0, 0]])

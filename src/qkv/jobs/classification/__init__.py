@@ -63,7 +63,8 @@ class ClassifierData(JobSettings):
     format: str = option("auto", FORMAT_HELP, choices=FORMATS)
     pooling: str = option(
         "mean",
-        "one vector per text: a [CLS] token's output or the mean of the token outputs",
+        "one vector per text: a [CLS] token's output, or the mean or the featurewise maximum "
+        "of the token outputs",
         choices=POOLINGS,
     )
     # A vocabulary of 12k subwords covers SST-2 and the unlabeled English with whole words

@@ -19,16 +19,20 @@ from qkv.dropout import Dropout
 from qkv.errors import InputError
 from qkv.model import EncoderModel
 
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "max")
 
 
 def pool(states: Tensor, real: Tensor, pooling: str) -> Tensor:
     """One vector per sequence: (B, S, D) states, (B, S) bool real tokens -> (B, D).
 
-    ``cls`` takes position 0; ``mean`` averages the real positions only.
+    ``cls`` takes position 0; ``mean`` averages the real positions only; ``max`` takes each
+    feature's largest value over the real positions (max-over-time, as in Kim 2014).
     """
     if pooling == "cls":
         return states[:, 0]
+    if pooling == "max":
+        padding = ~real.unsqueeze(-1)  # (B, S, 1)
+        return states.masked_fill(padding, torch.finfo(states.dtype).min).amax(1)
     weights = real.unsqueeze(-1).to(states.dtype)  # (B, S, 1)
     return (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
