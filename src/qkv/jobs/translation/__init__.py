@@ -37,6 +37,8 @@ class TranslationSettings(JobSettings):
     valid: str | None = option(None, "validation pairs, the same way", metavar="PATH")
     source_lang: str | None = option(None, "suffix of the source files, e.g. de", metavar="LANG")
     target_lang: str | None = option(None, "suffix of the target files, e.g. en", metavar="LANG")
+    # Multi30k on validation, 40 minutes, seed 1 (AMD, no AMX): best BLEU 39.24 with 6,000,
+    # 39.91 with 8,000, 39.97 with 10,000 subwords, within the run-to-run noise (~0.6).
     vocab_size: int = option(8000, "joint subword vocabulary size")
     max_len: int = option(128, "skip pairs longer than this many subwords")
     # On a 2-core CPU 2,500-token batches train faster per token than 4,096-token ones.
