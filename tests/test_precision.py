@@ -1,12 +1,21 @@
-"""--precision auto: bf16 only where a bf16 matmul measures clearly faster on this device."""
+"""--precision auto: bf16 only where it measures clearly faster on this device: the model's
+own linear layers in bf16 autocast, or without a model one square matmul."""
 
 import json
 
 import pytest
 import torch
+from torch import nn
 
 from qkv import precision
-from qkv.precision import MIN_SPEEDUP, cache_path, choose_precision, machine_key
+from qkv.precision import (
+    MIN_LAYER_SPEEDUP,
+    MIN_SPEEDUP,
+    cache_path,
+    choose_precision,
+    linear_shapes,
+    machine_key,
+)
 
 CPU = torch.device("cpu")
 
@@ -56,13 +65,53 @@ def test_the_real_probe_measures_a_positive_ratio():
     assert ratio > 0 and MIN_SPEEDUP > 1
 
 
+def test_the_linear_shapes_are_the_models_distinct_layers():
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8), nn.Linear(8, 32))
+    assert linear_shapes(model) == ((8, 32), (32, 8))
+
+
+def test_a_model_is_timed_by_its_own_layers_and_cached_per_shapes(bf16_capable):
+    seen = []
+
+    def measure(device):
+        seen.append(device)
+        return 1.3  # enough for a model's layers (casts timed), not for a bare matmul
+
+    narrow, wide = nn.Linear(16, 64), nn.Linear(64, 256)
+    assert MIN_LAYER_SPEEDUP <= 1.3 < MIN_SPEEDUP
+    choice = choose_precision("auto", CPU, measure, model=narrow)
+    assert choice.precision == "bf16" and "linear layers" in choice.reason
+    assert choose_precision("auto", CPU, measure, model=narrow) == choice  # cached
+    choose_precision("auto", CPU, measure, model=wide)  # other shapes: measured again
+    assert len(seen) == 2
+    cached = json.loads(cache_path().read_text())
+    assert {key.rsplit("|", 1)[-1] for key in cached} >= {"linear 16x64", "linear 64x256"}
+    assert choose_precision("auto", CPU, measure=lambda d: 1.3).precision == "fp32"
+
+
+def test_the_layer_probe_measures_a_ratio_and_leaves_the_random_state_alone():
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    ratio = precision.measure_layer_speedup(CPU, [(16, 32), (32, 16)], rows=64, repeats=1)
+    assert ratio > 0
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_the_choice_and_its_reason_are_in_the_summary(tmp_path, monkeypatch):
     from .helpers import train_tiny_translation
 
     monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(precision, "bf16_supported", lambda device: True)
-    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda device: 0.3)
+    timed = []
+
+    def measure(device, shapes):
+        timed.append(shapes)
+        return 0.3
+
+    monkeypatch.setattr(precision, "measure_layer_speedup", measure)
     summary = train_tiny_translation(tmp_path / "run", max_steps=1, precision="auto")
     assert summary["precision"] == "fp32" and "0.30x" in summary["precision_reason"]
+    assert "linear layers" in summary["precision_reason"]
+    assert len(timed) == 1 and len(timed[0]) >= 2  # the translator's own layer shapes
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["precision_reason"] == summary["precision_reason"]

@@ -2,9 +2,15 @@
 
 oneDNN reports bf16 as supported on every recent x86 CPU, but only CPUs with AMX or
 AVX512-BF16 run it in hardware; elsewhere it is emulated and a bf16 matmul runs several
-times slower than fp32. So ``auto`` times one fp32 and one bf16 matmul on this device (a
-fraction of a second), keeps the answer per machine in a small cache file, and picks bf16
-only when it is clearly faster.
+times slower than fp32. And where it runs in hardware, a narrow model may still lose: bf16
+autocast casts every layer's input and weight, and at small widths the casts cost what the
+faster product saves. So ``auto`` times, on this device, the model's own linear layers
+(each distinct shape, forward and backward, ``LAYER_ROWS`` rows) in fp32 and under bf16
+autocast with its casts, keeps the answer per machine and model shapes in a small cache
+file, and picks bf16 only when it is clearly faster. Without a model it times one square
+matmul (``measure_bf16_speedup``).
+
+Legend: N rows, I and O a linear layer's input and output widths.
 """
 
 from __future__ import annotations
@@ -13,16 +19,22 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 PRECISIONS = ("auto", "bf16", "fp32")
 # bf16 autocast adds casts around every matmul: a bf16 matmul must be clearly faster than
 # fp32 for a training step to gain (at 4.4x a step gained; at 0.2x it ran at half speed).
 MIN_SPEEDUP = 1.5
+# The model's layers are timed with their casts, so less margin is needed; what is left out
+# (attention's products, the elementwise work) runs at about the same speed either way.
+MIN_LAYER_SPEEDUP = 1.2
+LAYER_ROWS = 2048  # rows (tokens, patches) per timed product: a training batch's order
 
 
 @dataclass
@@ -71,21 +83,68 @@ def machine_key(device: torch.device) -> str:
 def measure_bf16_speedup(device: torch.device, n: int = 1024, repeats: int = 5) -> float:
     """fp32 time / bf16 time of an (n x n) @ (n x n) matmul on ``device``, best of repeats."""
 
-    def best(dtype: torch.dtype) -> float:
+    def product(dtype: torch.dtype) -> Callable[[], None]:
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
-        times = []
-        for _ in range(repeats + 1):  # the first call warms up
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            a @ b
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - start)
-        return min(times[1:])
+        return lambda: a @ b
 
-    return best(torch.float32) / best(torch.bfloat16)
+    fp32 = _best_seconds(product(torch.float32), device, repeats)
+    return fp32 / _best_seconds(product(torch.bfloat16), device, repeats)
+
+
+def linear_shapes(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """The distinct (input width, output width) of ``model``'s linear layers, sorted."""
+    return tuple(
+        sorted(
+            {(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)}
+        )
+    )
+
+
+def _best_seconds(run: Callable[[], None], device: torch.device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):  # the first call warms up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
+def measure_layer_speedup(
+    device: torch.device,
+    shapes: Sequence[tuple[int, int]],
+    rows: int = LAYER_ROWS,
+    repeats: int = 3,
+) -> float:
+    """fp32 time / bf16-autocast time of linear layers of ``shapes``, forward and backward.
+
+    Each layer multiplies (N, I) fp32 inputs by an fp32 (O, I) weight, as a model's layers do;
+    under autocast the casts of input, weight and gradients are timed with the products.
+    """
+    generator = torch.Generator().manual_seed(0)  # leaves the training's random state alone
+    layers = []
+    for n_in, n_out in shapes:
+        x = torch.randn(rows, n_in, generator=generator).to(device).requires_grad_()  # (N, I)
+        w = torch.randn(n_out, n_in, generator=generator).to(device).requires_grad_()  # (O, I)
+        grad = torch.randn(rows, n_out, generator=generator).to(device)  # (N, O)
+        layers.append((x, w, grad))
+
+    def step(dtype: torch.dtype | None) -> Callable[[], None]:
+        def run() -> None:
+            for x, w, grad in layers:
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    y = F.linear(x, w)  # (N, O)
+                y.backward(grad.to(y.dtype))
+                x.grad = w.grad = None
+
+        return run
+
+    fp32 = _best_seconds(step(None), device, repeats)
+    return fp32 / _best_seconds(step(torch.bfloat16), device, repeats)
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -98,9 +157,13 @@ def bf16_supported(device: torch.device) -> bool:
     )
 
 
-def cached_speedup(device: torch.device, measure: Callable[[torch.device], float]) -> float:
-    """The measured bf16 speedup of this machine, from the cache or measured now and cached."""
-    path, key = cache_path(), machine_key(device)
+def cached_speedup(
+    device: torch.device, measure: Callable[[torch.device], float], what: str = ""
+) -> float:
+    """The measured bf16 speedup of this machine (for ``what`` is timed, when named), from the
+    cache or measured now and cached."""
+    path = cache_path()
+    key = machine_key(device) + (f"|{what}" if what else "")
     try:
         cache = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(cache, dict):
@@ -125,10 +188,12 @@ def choose_precision(
     requested: str,
     device: torch.device,
     measure: Callable[[torch.device], float] | None = None,
+    model: nn.Module | None = None,
 ) -> PrecisionChoice:
     """The precision for ``--precision requested`` on ``device``, with the reason.
 
-    ``measure`` times bf16 against fp32 (default: ``measure_bf16_speedup``).
+    With ``model``, ``auto`` times its linear layers (``measure_layer_speedup``); without,
+    one square matmul (``measure_bf16_speedup``). ``measure`` replaces either timing.
     """
     if requested == "fp32":
         return PrecisionChoice("fp32", "--precision fp32")
@@ -136,8 +201,17 @@ def choose_precision(
         return PrecisionChoice("bf16", "--precision bf16")
     if not bf16_supported(device):
         return PrecisionChoice("fp32", f"this {device.type} has no bf16 support")
-    speedup = cached_speedup(device, measure or measure_bf16_speedup)
-    faster = speedup >= MIN_SPEEDUP
-    verdict = "faster" if faster else f"not {MIN_SPEEDUP}x faster"
-    reason = f"a bf16 matmul ran {speedup:.2f}x as fast as fp32 on this {device.type}: {verdict}"
+    if model is None:
+        speedup = cached_speedup(device, measure or measure_bf16_speedup)
+        needed, timed = MIN_SPEEDUP, "a bf16 matmul"
+    else:
+        shapes = linear_shapes(model)
+        what = "linear " + " ".join(f"{i}x{o}" for i, o in shapes)
+        speedup = cached_speedup(
+            device, measure or (lambda d: measure_layer_speedup(d, shapes)), what
+        )
+        needed, timed = MIN_LAYER_SPEEDUP, "the model's linear layers in bf16 autocast"
+    faster = speedup >= needed
+    verdict = "faster" if faster else f"not {needed}x faster"
+    reason = f"{timed} ran {speedup:.2f}x as fast as fp32 on this {device.type}: {verdict}"
     return PrecisionChoice("bf16" if faster else "fp32", reason, round(speedup, 3))

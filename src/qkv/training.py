@@ -246,7 +246,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, learning_rate_schedule(config, lambda: self.clock)
         )
-        self.precision = choose_precision(config.precision, self.device)
+        self.precision = choose_precision(config.precision, self.device, model=self.model)
         bf16 = broadcast_flag(self.precision.precision == "bf16", self.world, self.device)
         if bf16 != (self.precision.precision == "bf16"):  # every rank computes as rank 0 does
             self.precision = PrecisionChoice("bf16" if bf16 else "fp32", "rank 0's choice")

@@ -157,8 +157,6 @@ class ClassifierJob(Job):
         "weight_decay": 0.1,
         "patience": 8,
         "average_last": 5,
-        # bf16 autocast costs more in casts than it saves at this width on a CPU.
-        "precision": "fp32",
     }
 
     def read_data(self, settings: ClassifierSettings) -> dict[str, Any]:

@@ -160,8 +160,6 @@ class VisionJob(Job):
         "weight_decay": 0.05,
         # The last five checkpoints (1000 steps) averaged, kept only if validation agrees.
         "average_last": 5,
-        # bf16 autocast costs more in casts than it saves at a ViT's small widths on CPU.
-        "precision": "fp32",
     }
 
     def resolve(self, settings: VisionSettings) -> VisionSettings:
