@@ -31,8 +31,11 @@ PRECISIONS = ("auto", "bf16", "fp32")
 # bf16 autocast adds casts around every matmul: a bf16 matmul must be clearly faster than
 # fp32 for a training step to gain (at 4.4x a step gained; at 0.2x it ran at half speed).
 MIN_SPEEDUP = 1.5
-# The model's layers are timed with their casts, so less margin is needed; what is left out
-# (attention's products, the elementwise work) runs at about the same speed either way.
+# The model's layers are timed with their casts, so less margin is needed. Whole training
+# steps of each job's model (benchmarks/precision.py, AMD EPYC with AVX512-BF16): at a probe
+# of 1.06 the ViT's step ran 0.91x as fast in bf16, at 1.52 the classifier's 1.05x, at 1.83
+# and 1.87 the tagger's and the translator's 1.46x and 1.61x. The line lies between; near
+# it the two precisions run about equally fast, so a pick on either side costs little.
 MIN_LAYER_SPEEDUP = 1.2
 LAYER_ROWS = 2048  # rows (tokens, patches) per timed product: a training batch's order
 
