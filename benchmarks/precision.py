@@ -27,30 +27,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from benchmarks import classification_sst2, harness, tagging_ud_ewt, translation_multi30k
 from benchmarks.measure import interleaved, machine, ratios, summary
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-RESULT = ROOT / "benchmarks" / "results" / "precision.json"
+RESULT = harness.RESULTS / "precision.json"
 JOBS = ("translation", "tagger", "classifier", "vit")
 
 
 def job_data(name: str, data: Path) -> dict[str, Any]:
-    """The data options of ``name`` on the shared data sets (the ViT's digits need none)."""
+    """The data options of ``name``, where its quality benchmark reads them under ``data``
+    (the shared data folder; the ViT's digits need none)."""
+    multi30k = data / translation_multi30k.DATA.name
+    treebank = data / tagging_ud_ewt.DATA.name
     return {
         "translation": {
-            "train": str(data / "multi30k" / "train"),
-            "valid": str(data / "multi30k" / "val"),
+            "train": str(multi30k / "train"),
+            "valid": str(multi30k / "val"),
             "source_lang": "de",
             "target_lang": "en",
         },
         "tagger": {
-            "train": str(data / "ud_english_ewt" / "en_ewt-ud-train.conllu"),
-            "valid": str(data / "ud_english_ewt" / "en_ewt-ud-dev.conllu"),
+            "train": str(treebank / tagging_ud_ewt.TRAIN),
+            "valid": str(treebank / tagging_ud_ewt.DEV),
         },
         "classifier": {
-            "train": str(data / "sst2" / "stsa.binary.train"),
-            "valid": str(data / "sst2" / "stsa.binary.dev"),
+            "train": str(classification_sst2.split_file(data, "train")),
+            "valid": str(classification_sst2.split_file(data, "dev")),
         },
         "vit": {},
     }[name]
@@ -60,7 +62,7 @@ def job_section(name: str, data: Path, rounds: int, steps: int) -> dict[str, Any
     """The probe's figure and fp32 / bf16 training steps of job ``name``'s default model."""
     from qkv.config import ModelConfig
     from qkv.jobs import get_job
-    from qkv.precision import MIN_LAYER_SPEEDUP, linear_shapes, measure_layer_speedup
+    from qkv.precision import faster_precision, linear_shapes, measure_layer_speedup
     from qkv.training import TrainConfig, configure_optimizer
 
     job = get_job(name)
@@ -94,12 +96,13 @@ def job_section(name: str, data: Path, rounds: int, steps: int) -> dict[str, Any
     for run in runners.values():
         run(0)  # warm-up: oneDNN compiles its kernels for these shapes
     rates = interleaved(runners, rounds)  # steps per second
-    probe = measure_layer_speedup(torch.device("cpu"), linear_shapes(model))
+    shapes = linear_shapes(model)
+    probe = measure_layer_speedup(torch.device("cpu"), shapes)
     step_speedup = ratios(rates["bf16"], rates["fp32"])
     return {
-        "linear_shapes": [list(s) for s in linear_shapes(model)],
+        "linear_shapes": [list(s) for s in shapes],
         "probe_bf16_speedup": round(probe, 3),
-        "auto_chooses": "bf16" if probe >= MIN_LAYER_SPEEDUP else "fp32",
+        "auto_chooses": faster_precision(probe),
         "ms_per_step": {k: summary([1000 / r for r in v]) for k, v in rates.items()},
         "step_bf16_speedup": step_speedup,
         "faster_step": "bf16" if step_speedup["median"] > 1 else "fp32",
@@ -108,7 +111,7 @@ def job_section(name: str, data: Path, rounds: int, steps: int) -> dict[str, Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, default=harness.DATA, help="the shared data folder")
     parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=JOBS)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10, help="training steps per round")

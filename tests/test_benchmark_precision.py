@@ -4,7 +4,8 @@
 from pathlib import Path
 
 import pytest
-from benchmarks.precision import DATA, JOBS, job_data, job_section
+from benchmarks.harness import DATA
+from benchmarks.precision import JOBS, job_data, job_section
 
 from qkv.precision import MIN_LAYER_SPEEDUP
 

@@ -7,8 +7,8 @@ autocast casts every layer's input and weight, and at small widths the casts cos
 faster product saves. So ``auto`` times, on this device, the model's own linear layers
 (each distinct shape, forward and backward, ``LAYER_ROWS`` rows) in fp32 and under bf16
 autocast with its casts, keeps the answer per machine and model shapes in a small cache
-file, and picks bf16 only when it is clearly faster. Without a model it times one square
-matmul (``measure_bf16_speedup``).
+file, and picks bf16 where they ran at least ``MIN_LAYER_SPEEDUP`` times as fast. Without a
+model it times one square matmul (``measure_bf16_speedup``) against ``MIN_SPEEDUP``.
 
 Legend: N rows, I and O a linear layer's input and output widths.
 """
@@ -150,6 +150,11 @@ def measure_layer_speedup(
     return fp32 / _best_seconds(step(torch.bfloat16), device, repeats)
 
 
+def faster_precision(speedup: float, needed: float = MIN_LAYER_SPEEDUP) -> str:
+    """ "bf16" where the measured bf16 speedup reaches ``needed``, else "fp32"."""
+    return "bf16" if speedup >= needed else "fp32"
+
+
 def bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
@@ -214,7 +219,7 @@ def choose_precision(
             device, measure or (lambda d: measure_layer_speedup(d, shapes)), what
         )
         needed, timed = MIN_LAYER_SPEEDUP, "the model's linear layers in bf16 autocast"
-    faster = speedup >= needed
-    verdict = "faster" if faster else f"not {needed}x faster"
+    chosen = faster_precision(speedup, needed)
+    verdict = "faster" if chosen == "bf16" else f"not {needed}x faster"
     reason = f"{timed} ran {speedup:.2f}x as fast as fp32 on this {device.type}: {verdict}"
-    return PrecisionChoice("bf16" if faster else "fp32", reason, round(speedup, 3))
+    return PrecisionChoice(chosen, reason, round(speedup, 3))
