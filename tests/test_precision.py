@@ -115,3 +115,23 @@ def test_the_choice_and_its_reason_are_in_the_summary(tmp_path, monkeypatch):
     assert len(timed) == 1 and len(timed[0]) >= 2  # the translator's own layer shapes
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["precision_reason"] == summary["precision_reason"]
+
+
+def test_only_rank_0_measures_and_every_rank_takes_its_choice(bf16_capable, tmp_path, monkeypatch):
+    from qkv.training import shared_precision
+
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path))
+    timed = []
+
+    def measure(device, shapes):
+        timed.append(shapes)
+        return 3.0
+
+    monkeypatch.setattr(precision, "measure_layer_speedup", measure)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+    other = shared_precision("auto", CPU, model, rank=1, world=1)
+    assert timed == [] and other.reason == "rank 0's choice"
+    assert not cache_path().exists()  # nothing measured, nothing cached
+    first = shared_precision("auto", CPU, model, rank=0, world=1)
+    assert len(timed) == 1 and first.precision == "bf16" and "3.00x" in first.reason
+    assert shared_precision("bf16", CPU, model, rank=1, world=1).reason == "--precision bf16"

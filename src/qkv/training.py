@@ -184,6 +184,21 @@ def learning_rate_schedule(config: TrainConfig, elapsed: Callable[[], float] | N
     return inverse_sqrt_schedule(config.warmup_steps)
 
 
+def shared_precision(
+    requested: str, device: torch.device, model: nn.Module, rank: int, world: int
+) -> PrecisionChoice:
+    """Rank 0's precision, taken by every rank. Only rank 0 times ``--precision auto``: the
+    other ranks would run the same measurement on the same cores at the same moment."""
+    if rank == 0 or requested != "auto":
+        choice = choose_precision(requested, device, model=model)
+    else:
+        choice = PrecisionChoice("fp32", "rank 0's choice")
+    bf16 = broadcast_flag(choice.precision == "bf16", world, device)
+    if bf16 != (choice.precision == "bf16"):  # every rank computes as rank 0 does
+        choice = PrecisionChoice("bf16" if bf16 else "fp32", "rank 0's choice")
+    return choice
+
+
 def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only; every parameter in exactly one group."""
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
@@ -246,10 +261,9 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, learning_rate_schedule(config, lambda: self.clock)
         )
-        self.precision = choose_precision(config.precision, self.device, model=self.model)
-        bf16 = broadcast_flag(self.precision.precision == "bf16", self.world, self.device)
-        if bf16 != (self.precision.precision == "bf16"):  # every rank computes as rank 0 does
-            self.precision = PrecisionChoice("bf16" if bf16 else "fp32", "rank 0's choice")
+        self.precision = shared_precision(
+            config.precision, self.device, self.model, self.rank, self.world
+        )
         self.amp_dtype = self.precision.autocast_dtype
         self.log = ckpt.MetricsLog(self.run_dir / ckpt.METRICS, task.metric_names)
         self.step = self.epoch = self.batch_index = 0
