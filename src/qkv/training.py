@@ -187,8 +187,9 @@ def learning_rate_schedule(config: TrainConfig, elapsed: Callable[[], float] | N
 def shared_precision(
     requested: str, device: torch.device, model: nn.Module, rank: int, world: int
 ) -> PrecisionChoice:
-    """Rank 0's precision, taken by every rank. Only rank 0 times ``--precision auto``: the
-    other ranks would run the same measurement on the same cores at the same moment."""
+    """Rank 0's precision, taken by every rank. Only rank 0 times ``--precision auto``: on one
+    machine the other ranks would time the same layers on the same cores at the same moment,
+    and on others their answer would be overruled by rank 0's anyway."""
     if rank == 0 or requested != "auto":
         choice = choose_precision(requested, device, model=model)
     else:
