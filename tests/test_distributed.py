@@ -21,7 +21,7 @@ TINY_ENCODER = ["--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--d-ff
                 "--n-encoder-layers", "1"]  # fmt: skip
 
 
-def torchrun(*args, processes: int = 2) -> subprocess.CompletedProcess:
+def torchrun(*args, processes: int = 2, **env: str) -> subprocess.CompletedProcess:
     launcher = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if launcher is None:
         pytest.skip("torchrun is not installed beside this Python")
@@ -31,7 +31,7 @@ def torchrun(*args, processes: int = 2) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -129,6 +129,25 @@ def test_two_processes_stop_and_anneal_on_one_clock(tmp_path):
     with open(tmp_path / "timed" / "metrics.csv", newline="") as f:
         rates = [float(r["lr"]) for r in csv.DictReader(f) if r["train_loss"]]
     assert len(rates) == summary["steps"] > 3 and rates[-1] == 0.0
+
+
+def test_auto_precision_is_timed_once_and_taken_by_both_ranks(tmp_path):
+    """Under torchrun only rank 0 times ``--precision auto`` and broadcasts its answer: both
+    ranks reach the broadcast (no hang), the run records rank 0's measurement, and the cache
+    holds that one timing."""
+    cache = tmp_path / "cache"
+    args = translation(tmp_path, "auto", "--max-steps", 2)
+    args[args.index("--precision") + 1] = "auto"
+    torchrun(*args, QKV_CACHE=str(cache))
+    summary = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2
+    assert summary["precision"] in ("bf16", "fp32")
+    if "no bf16 support" in summary["precision_reason"]:
+        assert not (cache / "precision.json").exists()
+    else:
+        assert "rank 0's choice" not in summary["precision_reason"]
+        timings = json.loads((cache / "precision.json").read_text())
+        assert len(timings) == 1 and "|linear " in next(iter(timings))
 
 
 def test_processes_option_launches_the_same_run_as_torchrun(tmp_path):
