@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.config import ModelConfig
 from qkv.data import PAD_ID, SubwordTokenizer
+from qkv.jobs.classification import ClassifierJob
 from qkv.jobs.classification.data import LabeledTexts, encode_texts
 
 from .common import encoder_stack, length_groups, pad
@@ -29,7 +31,14 @@ from .loop import PeerRecipe, train_for
 # differ in the code and in pretraining, not in the sizes chosen. The peer keeps lr 5e-4, the
 # job's default when its figures were measured: qkv's 1e-3 was chosen on dev for a pretrained
 # encoder, and the peer has not been measured with it.
-SIZES = dict(d_model=128, nhead=4, num_layers=2, dim_feedforward=512, dropout=0.3)
+_QKV = ModelConfig.preset(ClassifierJob.preset, **ClassifierJob.model_defaults)
+SIZES = dict(
+    d_model=_QKV.d_model,
+    nhead=_QKV.n_heads,
+    num_layers=_QKV.n_encoder_layers,
+    dim_feedforward=_QKV.d_ff,
+    dropout=_QKV.dropout,
+)
 RECIPE = PeerRecipe(lr=5e-4, warmup_steps=100, weight_decay=0.1, clip_norm=1.0, label_smoothing=0.0)
 MAX_LEN = 128  # subwords kept per text
 MAX_TOKENS = 1024  # padded tokens per batch
