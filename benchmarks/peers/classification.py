@@ -39,7 +39,14 @@ SIZES = dict(
     dim_feedforward=_QKV.d_ff,
     dropout=_QKV.dropout,
 )
-RECIPE = PeerRecipe(lr=5e-4, warmup_steps=100, weight_decay=0.1, clip_norm=1.0, label_smoothing=0.0)
+_TRAIN = ClassifierJob.train_defaults
+RECIPE = PeerRecipe(
+    lr=5e-4,
+    warmup_steps=_TRAIN["warmup_steps"],
+    weight_decay=_TRAIN["weight_decay"],
+    clip_norm=1.0,
+    label_smoothing=ClassifierJob.Settings().label_smoothing,
+)
 MAX_LEN = 128  # subwords kept per text
 MAX_TOKENS = 1024  # padded tokens per batch
 
