@@ -17,6 +17,7 @@ from qkv.jobs.tagging import (
     IGNORE,
     JOB,
     MAX_WORD_SUBWORDS,
+    CharEncoder,
     TaggedSentence,
     Tagger,
     TaggerModel,
@@ -300,6 +301,37 @@ def test_model_adds_character_vectors_through_the_input_embedding(data):
     torch.testing.assert_close(no_chars(batch.src, batch.word_index, batch.chars), expected)
 
 
+def test_character_encoder_of_several_widths_matches_each_word_alone(data):
+    words = [w for s in read_conllu(data["train"])[:4] for w in s.words]
+    encoder = WordEncoder.train([words], 60)
+    batch = collate([e for e in encoder.examples(words, None, 64)])
+    chars = CharEncoder(encoder.n_chars, 8, 16, widths=(3, 5, 1)).eval()
+    got = chars(batch.chars)  # (U, D), the words padded to the longest
+    # The reference: each word alone, unpadded, through each convolution; max over positions.
+    for u, row in enumerate(batch.chars):
+        x = chars.embed(row[row.ne(0)]).T[None]  # (1, E, C_u)
+        pooled = [torch.relu(conv(x)).amax(dim=-1) for conv in (chars.conv, *chars.more_convs)]
+        torch.testing.assert_close(got[u], chars.proj(torch.cat(pooled, dim=-1))[0])
+    assert [c.kernel_size[0] for c in (chars.conv, *chars.more_convs)] == [3, 5, 1]
+
+
+def test_cli_char_widths_are_saved_and_a_run_without_them_loads_with_one(data, tmp_path):
+    out = tmp_path / "widths"
+    args = train_args(data, out, "--max-steps", "2", "--char-widths", "3", "--char-widths", "5")
+    assert main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["settings"]["char_widths"] == [3, 5]
+    assert len(Tagger.load(out).model.chars.more_convs) == 1
+    one = tmp_path / "one"
+    assert main(train_args(data, one, "--max-steps", "2")) == 0
+    config = json.loads((one / "config.json").read_text())
+    del config["settings"]["char_widths"]  # as a run saved before --char-widths existed
+    (one / "config.json").write_text(json.dumps(config))
+    tagger = Tagger.load(one)
+    assert tagger.model.chars.proj.in_features == tagger.model.config.d_model
+    assert len(tagger.predict_lines(["the dog sees a cat ."])[0].split()) == 6
+
+
 def test_word_dropout_hides_all_subwords_of_a_word_or_none(data):
     sentences = read_conllu(data["train"])[:8]
     encoder = WordEncoder.train([s.words for s in sentences], 40)  # small: words split
@@ -344,7 +376,7 @@ def test_malformed_conllu_is_one_error_line_naming_file_and_line(tmp_path, capsy
     "option, value",
     [("--char-dim", "-1"), ("--token-dropout", "1.0"), ("--word-dropout", "1.0"),
      ("--max-len", "0"), ("--aux-tags", "lemma"), ("--aux-tags", "upos"),
-     ("--aux-weight", "-0.5"),
+     ("--aux-weight", "-0.5"), ("--char-widths", "4"),
      ("--max-tokens", "0"), ("--vocab-size", "3"), ("--label-smoothing", "1.5")],
 )  # fmt: skip
 def test_bad_settings_are_one_error_line_naming_the_option(data, tmp_path, capsys, option, value):

@@ -77,8 +77,14 @@ def add_dataclass_options(
                 **common,
             )
         elif kind is list:
+            (item,) = typing.get_args(hints[f.name]) or (str,)  # list[int] -> int
             group.add_argument(
-                flag, action="append", metavar=meta.get("metavar"), help=meta["help"], **common
+                flag,
+                action="append",
+                type=item,
+                metavar=meta.get("metavar"),
+                help=meta["help"],
+                **common,
             )
         else:
             group.add_argument(

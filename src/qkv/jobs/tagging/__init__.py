@@ -77,6 +77,12 @@ class TaggerData(JobSettings):
     char_dim: int = option(
         64, "width of the character embeddings of the word encoder; 0: subwords only"
     )
+    char_widths: list[int] = option(
+        [3],
+        "widths of the word encoder's character convolutions (odd; one convolution each, "
+        "repeatable; default: 3): a window at the word's end sees its last width - 1 characters",
+        metavar="N",
+    )
     token_dropout: float = option(
         0.1,
         "share of subwords hidden as <unk> while training, so that unseen words are tagged "
@@ -133,6 +139,9 @@ class TaggerSettings(PretrainOptions, TaggerData):
             raise InputError(f"--max-tokens {self.max_tokens} must be at least 1")
         if self.char_dim < 0:
             raise InputError(f"--char-dim {self.char_dim} must be 0 (no characters) or more")
+        if not self.char_widths or any(w < 1 or w % 2 == 0 for w in self.char_widths):
+            widths = " ".join(map(str, self.char_widths)) or "(none)"
+            raise InputError(f"--char-widths {widths}: each width must be odd and positive")
         if not 0 <= self.token_dropout < 1:
             raise InputError(f"--token-dropout {self.token_dropout} must be in [0, 1)")
         if not 0 <= self.word_dropout < 1:
@@ -267,6 +276,7 @@ class TaggerJob(Job):
             settings.token_dropout,
             settings.word_dropout,
             {name: len(vocab) for name, vocab in prepared.aux.items()},
+            tuple(settings.char_widths),
         )
 
     def before_fit(

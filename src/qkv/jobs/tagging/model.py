@@ -25,22 +25,36 @@ from qkv.model import EncoderModel
 
 
 class CharEncoder(nn.Module):
-    """Characters of each word -> one vector per word: embed, convolve (width 3), max-pool.
+    """Characters of each word -> one vector per word: embed, convolve, max-pool, project.
+
+    One convolution per width in ``widths`` (D channels each, odd widths so that each window
+    is centred on a character); their max-pooled vectors are concatenated and projected back
+    to D. A window that reaches the word's end marker sees a suffix of width - 1 characters.
 
     (U, C) character ids of U words -> (U, D).
     """
 
-    def __init__(self, n_chars: int, char_dim: int, d_model: int) -> None:
+    def __init__(
+        self, n_chars: int, char_dim: int, d_model: int, widths: tuple[int, ...] = (3,)
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(n_chars, char_dim, padding_idx=CHAR_PAD)
-        self.conv = nn.Conv1d(char_dim, d_model, kernel_size=3, padding=1)
-        self.proj = nn.Linear(d_model, d_model)
+        first, *more = widths
+        # The first width keeps the name `conv`, so that runs saved with one width still load.
+        self.conv = nn.Conv1d(char_dim, d_model, kernel_size=first, padding=first // 2)
+        self.more_convs = nn.ModuleList(
+            nn.Conv1d(char_dim, d_model, kernel_size=w, padding=w // 2) for w in more
+        )
+        self.proj = nn.Linear(d_model * len(widths), d_model)
 
     def forward(self, chars: Tensor) -> Tensor:
         x = self.embed(chars).transpose(1, 2)  # (U, E, C)
-        h = F.relu(self.conv(x))  # (U, D, C)
-        h = h.masked_fill((chars == CHAR_PAD)[:, None, :], 0.0)  # ReLU >= 0: max ignores pad
-        return self.proj(h.amax(dim=-1))  # (U, D)
+        pad = (chars == CHAR_PAD)[:, None, :]  # (U, 1, C)
+        pooled = []
+        for conv in (self.conv, *self.more_convs):
+            h = F.relu(conv(x))  # (U, D, C): odd widths keep C positions
+            pooled.append(h.masked_fill(pad, 0.0).amax(dim=-1))  # ReLU >= 0: max ignores pad
+        return self.proj(torch.cat(pooled, dim=-1))  # (U, len(widths) * D) -> (U, D)
 
 
 class TaggerModel(nn.Module):
@@ -51,6 +65,7 @@ class TaggerModel(nn.Module):
         n_labels: K, the tags.
         n_chars: character vocabulary of ``WordEncoder`` (unused with ``char_dim=0``).
         char_dim: E, width of the character embeddings; 0 leaves out the character encoder.
+        char_widths: widths of the character encoder's convolutions (odd), one each.
         token_dropout: while training, the share of subwords replaced by ``<unk>``, so that
             the model learns to tag words from their characters and context alone.
         word_dropout: while training, the share of a batch's distinct words whose subwords
@@ -68,12 +83,17 @@ class TaggerModel(nn.Module):
         token_dropout: float = 0.1,
         word_dropout: float = 0.0,
         aux_labels: dict[str, int] | None = None,
+        char_widths: tuple[int, ...] = (3,),
     ) -> None:
         super().__init__()
         self.config, self.token_dropout = config, token_dropout
         self.word_dropout = word_dropout
         self.body = EncoderModel(config)
-        self.chars = CharEncoder(n_chars, char_dim, config.d_model) if char_dim > 0 else None
+        self.chars = (
+            CharEncoder(n_chars, char_dim, config.d_model, tuple(char_widths))
+            if char_dim > 0
+            else None
+        )
         self.head = nn.Linear(config.d_model, n_labels)
         self.aux_heads = nn.ModuleDict(
             {name: nn.Linear(config.d_model, k) for name, k in (aux_labels or {}).items()}
