@@ -42,12 +42,22 @@ MODEL_CHOICES = {
 }
 
 
+def _not_none(hint: Any) -> Any:
+    """``int`` for ``int | None`` or ``Optional[int]``; any other hint as it is."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
 def _plain_type(hint: Any) -> type:
     """int for ``int``, ``int | None`` or ``Optional[int]``; list for ``list[str]``."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _plain_type(args[0])
+    hint = _not_none(hint)
     return typing.get_origin(hint) or hint
+
+
+def _item_type(hint: Any) -> type:
+    """int for ``list[int]`` or ``list[int] | None``; str for a bare ``list``."""
+    return (typing.get_args(_not_none(hint)) or (str,))[0]
 
 
 def _shown(value: Any) -> str:
@@ -77,11 +87,10 @@ def add_dataclass_options(
                 **common,
             )
         elif kind is list:
-            (item,) = typing.get_args(hints[f.name]) or (str,)  # list[int] -> int
             group.add_argument(
                 flag,
                 action="append",
-                type=item,
+                type=_item_type(hints[f.name]),
                 metavar=meta.get("metavar"),
                 help=meta["help"],
                 **common,
