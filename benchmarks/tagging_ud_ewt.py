@@ -36,6 +36,7 @@ import torch
 
 from benchmarks import harness
 from benchmarks.peers import tagging as peer
+from benchmarks.peers.common import encoder_sizes
 from benchmarks.peers.loop import PeerRecipe, train_for
 from qkv.config import ModelConfig
 from qkv.jobs.pretraining import read_texts
@@ -51,14 +52,7 @@ TRAIN, DEV, TEST = (f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "t
 # chosen on dev for a pretrained encoder with extra heads, and the peer has not been measured
 # with it; and AdamW's weight decay 0.01, as in the other peers.
 _QKV_SETTINGS = TaggerJob.Settings()
-_QKV = ModelConfig.preset(TaggerJob.preset, **TaggerJob.model_defaults)
-PEER_SIZES = dict(
-    d_model=_QKV.d_model,
-    nhead=_QKV.n_heads,
-    num_layers=_QKV.n_encoder_layers,
-    dim_feedforward=_QKV.d_ff,
-    dropout=_QKV.dropout,
-)
+PEER_SIZES = encoder_sizes(ModelConfig.preset(TaggerJob.preset, **TaggerJob.model_defaults))
 PEER_RECIPE = PeerRecipe(
     lr=1e-3,
     warmup_steps=TaggerJob.train_defaults["warmup_steps"],

@@ -24,7 +24,7 @@ from qkv.data import PAD_ID, SubwordTokenizer
 from qkv.jobs.classification import ClassifierJob
 from qkv.jobs.classification.data import LabeledTexts, encode_texts
 
-from .common import encoder_stack, length_groups, pad
+from .common import encoder_sizes, encoder_stack, length_groups, pad
 from .loop import PeerRecipe, train_for
 
 # The qkv classifier's sizes and fine-tuning recipe (its job defaults), so that the two
@@ -33,13 +33,7 @@ from .loop import PeerRecipe, train_for
 # encoder; the peer at 1e-3 on dev, 73.39% and 74.08% against 71.90% and 74.66% (seeds 1-2),
 # within the noise (docs/benchmarks.md, SST-2).
 _QKV = ModelConfig.preset(ClassifierJob.preset, **ClassifierJob.model_defaults)
-SIZES = dict(
-    d_model=_QKV.d_model,
-    nhead=_QKV.n_heads,
-    num_layers=_QKV.n_encoder_layers,
-    dim_feedforward=_QKV.d_ff,
-    dropout=_QKV.dropout,
-)
+SIZES = encoder_sizes(_QKV)
 _TRAIN = ClassifierJob.train_defaults
 RECIPE = PeerRecipe(
     lr=5e-4,

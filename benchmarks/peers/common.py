@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +20,18 @@ def pad(rows: Sequence[Sequence[int]], value: int = 0) -> Tensor:
     for r, row in enumerate(rows):
         out[r, : len(row)] = torch.tensor(row, dtype=torch.long)
     return out
+
+
+def encoder_sizes(config: Any) -> dict[str, Any]:
+    """A qkv job's encoder sizes (its ``ModelConfig``) under the names this folder's encoder
+    pieces take, so that a peer has the sizes of the job it is compared with."""
+    return dict(
+        d_model=config.d_model,
+        nhead=config.n_heads,
+        num_layers=config.n_encoder_layers,
+        dim_feedforward=config.d_ff,
+        dropout=config.dropout,
+    )
 
 
 def length_groups(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
