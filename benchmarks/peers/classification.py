@@ -47,17 +47,20 @@ MAX_TOKENS = 1024  # padded tokens per batch
 
 
 class PeerClassifier(nn.Module):
-    """Embedding + positions, ``nn.TransformerEncoder``, mean pooling, linear: (B, S) -> (B, C)."""
+    """Embedding + positions, ``nn.TransformerEncoder``, mean pooling, linear: (B, S) -> (B, C).
+
+    The sizes are the classifier job's (``SIZES``)."""
 
     def __init__(
         self,
         vocab_size: int,
         n_labels: int,
-        d_model: int = 128,
-        nhead: int = 4,
-        num_layers: int = 2,
-        dim_feedforward: int = 512,
-        dropout: float = 0.3,
+        *,
+        d_model: int,
+        nhead: int,
+        num_layers: int,
+        dim_feedforward: int,
+        dropout: float,
         max_len: int = MAX_LEN,
         pad_id: int = PAD_ID,
     ) -> None:

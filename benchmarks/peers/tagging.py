@@ -81,7 +81,8 @@ class PeerVocab:
 class PeerTagger(nn.Module):
     """Word + suffix + shape embeddings, ``nn.TransformerEncoder``, a linear head.
 
-    (B, W) ids of each kind -> (B, W, K) tag scores.
+    (B, W) ids of each kind -> (B, W, K) tag scores. The sizes are the tagger's
+    (``common.encoder_sizes``), passed by the benchmark.
     """
 
     def __init__(
@@ -89,11 +90,12 @@ class PeerTagger(nn.Module):
         n_words: int,
         n_suffixes: int,
         n_tags: int,
-        d_model: int = 256,
-        nhead: int = 4,
-        num_layers: int = 3,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.2,
+        *,
+        d_model: int,
+        nhead: int,
+        num_layers: int,
+        dim_feedforward: int,
+        dropout: float,
         max_len: int = 1024,
     ) -> None:
         super().__init__()

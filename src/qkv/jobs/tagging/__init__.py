@@ -276,7 +276,7 @@ class TaggerJob(Job):
             settings.token_dropout,
             settings.word_dropout,
             {name: len(vocab) for name, vocab in prepared.aux.items()},
-            tuple(settings.char_widths),
+            settings.char_widths,
         )
 
     def before_fit(

@@ -13,6 +13,8 @@ D model width, E character width, K labels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -83,7 +85,7 @@ class TaggerModel(nn.Module):
         token_dropout: float = 0.1,
         word_dropout: float = 0.0,
         aux_labels: dict[str, int] | None = None,
-        char_widths: tuple[int, ...] = (3,),
+        char_widths: Sequence[int] = (3,),
     ) -> None:
         super().__init__()
         self.config, self.token_dropout = config, token_dropout
