@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.config import ModelConfig
+
 
 def pad(rows: Sequence[Sequence[int]], value: int = 0) -> Tensor:
     """Right-pad id rows with ``value`` into a (B, T) long tensor, T the longest row."""
@@ -22,7 +24,7 @@ def pad(rows: Sequence[Sequence[int]], value: int = 0) -> Tensor:
     return out
 
 
-def encoder_sizes(config: Any) -> dict[str, Any]:
+def encoder_sizes(config: ModelConfig) -> dict[str, Any]:
     """A qkv job's encoder sizes (its ``ModelConfig``) under the names this folder's encoder
     pieces take, so that a peer has the sizes of the job it is compared with."""
     return dict(
