@@ -94,6 +94,9 @@ class TranslationJob(Job):
     # Peak learning rate 2e-3: on the validation set (40 minutes, AMD) best BLEU 40.37 and 39.76
     # against 1.5e-3's 39.91 and 39.47 (seeds 1 and 2, 3,898 and 4,039 steps); the benchmark
     # then scored test2016 38.81 greedy and 40.56 with beam against 38.81 and 39.73.
+    # AdamW weight decay 0.1 on the weight matrices: on the validation set (40 minutes, AMD)
+    # best BLEU 40.31 and 40.24 against 40.37 and 39.76 without (seeds 1 and 2), with a lower
+    # validation loss (1.713 and 1.719 against 1.74) in 5-9% fewer steps.
     model_defaults = {
         "share_embeddings": True,
         "tie_output": True,
@@ -107,6 +110,7 @@ class TranslationJob(Job):
         "lr": 2e-3,
         "lr_schedule": "cosine",
         "average_last": 5,
+        "weight_decay": 0.1,
     }
 
     def read_data(self, settings: TranslationSettings) -> dict[str, list[tuple[str, str]]]:
