@@ -1,5 +1,7 @@
 """The command line as a user meets it: help, training, translating, evaluating, bad input."""
 
+import argparse
+import dataclasses
 import json
 import re
 import shutil
@@ -10,7 +12,9 @@ import pytest
 import torch
 
 from qkv.cli import main
+from qkv.cli.options import add_dataclass_options
 from qkv.jobs import JOBS, get_job
+from qkv.training import TrainConfig
 
 from ..helpers import train_translation_args, write_splits
 
@@ -109,6 +113,33 @@ def test_train_help_states_the_jobs_own_model_defaults(name, capsys):
     assert re.search(r"--dropout-impl \S+ (?:(?! --).)*\(default: auto\)", text)
     if "d_model" not in job.model_defaults:
         assert re.search(r"--d-model N (?:(?! --).)*\(default: the preset's\)", text)
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_train_help_states_every_settings_and_training_default(name):
+    """Scalars and lists alike: "(default: ...)" comes from the field, never the help text."""
+    job = get_job(name)
+    parser = argparse.ArgumentParser()
+    shown = add_dataclass_options(parser, job.Settings) + add_dataclass_options(
+        parser, TrainConfig, job.train_defaults
+    )
+    defaults = dataclasses.asdict(job.Settings()) | dataclasses.asdict(TrainConfig())
+    defaults |= job.train_defaults
+    actions = {a.dest: a for a in parser._actions if a.dest in shown}
+    lists = 0
+    for dest, action in actions.items():
+        value = defaults[dest]
+        if isinstance(value, bool):
+            expected = "yes" if value else "no"
+        elif isinstance(value, list):
+            expected = " ".join(str(v) for v in value) or "none"
+            lists += 1
+        else:
+            expected = "none" if value is None else str(value)
+        assert action.help.endswith(f"(default: {expected})"), dest
+        assert action.help.count("default:") == 1, dest  # no second copy in the text
+    if name == "tagger":
+        assert lists == 3  # --unlabeled, --char-widths, --aux-tags
 
 
 def test_train_writes_a_run_folder(trained):

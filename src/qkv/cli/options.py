@@ -61,6 +61,10 @@ def _item_type(hint: Any) -> type:
 
 
 def _shown(value: Any) -> str:
+    """A default as the help shows it: ``none`` for None or an empty list, a list's items
+    separated by spaces as they would be typed."""
+    if isinstance(value, list | tuple):
+        return " ".join(map(str, value)) or "none"
     return "none" if value is None else str(value)
 
 
@@ -92,7 +96,7 @@ def add_dataclass_options(
                 action="append",
                 type=_item_type(hints[f.name]),
                 metavar=meta.get("metavar"),
-                help=meta["help"],
+                help=f"{meta['help']} (default: {_shown(default)})",
                 **common,
             )
         else:

@@ -40,7 +40,7 @@ from qkv.jobs.tagging.data import (
     read_conllu,
     split_words,
 )
-from qkv.jobs.tagging.model import CharEncoder, TaggerModel
+from qkv.jobs.tagging.model import CHAR_DIM, CHAR_WIDTHS, CharEncoder, TaggerModel
 from qkv.jobs.tagging.predict import CONFUSION, Tagger, TagOptions
 from qkv.jobs.tagging.task import TaggingTask
 from qkv.labels import LABELS, LabelVocab
@@ -75,12 +75,12 @@ class TaggerData(JobSettings):
         2000, "subwords per training batch, padding included (batches are built by length)"
     )
     char_dim: int = option(
-        64, "width of the character embeddings of the word encoder; 0: subwords only"
+        CHAR_DIM, "width of the character embeddings of the word encoder; 0: subwords only"
     )
     char_widths: list[int] = option(
-        [3],
+        list(CHAR_WIDTHS),
         "widths of the word encoder's character convolutions (odd; one convolution each, "
-        "repeatable; default: 3): a window at the word's end sees its last width - 1 characters",
+        "repeatable): a window at the word's end sees its last width - 1 characters",
         metavar="N",
     )
     token_dropout: float = option(
@@ -100,8 +100,8 @@ class TaggerData(JobSettings):
     aux_tags: list[str] = option(
         list(DEFAULT_AUX),
         "another column of --train learned alongside by an extra head while training: "
-        f"{', '.join(AUX_COLUMNS)}; repeatable (default: {' '.join(DEFAULT_AUX)}, or upos "
-        "deprel with --tagset xpos; none: no extra head)",
+        f"{', '.join(AUX_COLUMNS)}; repeatable; none: no extra head; with --tagset xpos the "
+        "default's xpos becomes upos",
         metavar="COLUMN",
     )
     aux_weight: float = option(0.5, "weight of each --aux-tags head's loss")

@@ -25,6 +25,10 @@ from qkv.data import PAD_ID, UNK_ID
 from qkv.jobs.tagging.data import CHAR_PAD
 from qkv.model import EncoderModel
 
+# The word encoder's defaults, also those of ``qkv train tagger`` (--char-dim, --char-widths).
+CHAR_DIM = 64
+CHAR_WIDTHS = (3,)
+
 
 class CharEncoder(nn.Module):
     """Characters of each word -> one vector per word: embed, convolve, max-pool, project.
@@ -37,7 +41,7 @@ class CharEncoder(nn.Module):
     """
 
     def __init__(
-        self, n_chars: int, char_dim: int, d_model: int, widths: tuple[int, ...] = (3,)
+        self, n_chars: int, char_dim: int, d_model: int, widths: tuple[int, ...] = CHAR_WIDTHS
     ) -> None:
         super().__init__()
         self.embed = nn.Embedding(n_chars, char_dim, padding_idx=CHAR_PAD)
@@ -81,11 +85,11 @@ class TaggerModel(nn.Module):
         config: ModelConfig,
         n_labels: int,
         n_chars: int,
-        char_dim: int = 64,
+        char_dim: int = CHAR_DIM,
         token_dropout: float = 0.1,
         word_dropout: float = 0.0,
         aux_labels: dict[str, int] | None = None,
-        char_widths: Sequence[int] = (3,),
+        char_widths: Sequence[int] = CHAR_WIDTHS,
     ) -> None:
         super().__init__()
         self.config, self.token_dropout = config, token_dropout
