@@ -1,4 +1,4 @@
-"""Two parts of a CPU training step, each against its reference path in the same run.
+"""Three parts of a CPU training step, each against its reference path in the same run.
 
     .venv/bin/python benchmarks/training_step.py [--quick] [--data DIR] [--result PATH]
 
@@ -10,6 +10,10 @@
   fresh process, with glibc's ``malloc`` as it comes (``"system"``) and with freed memory kept
   (``qkv.allocator``, ``"keep"``): milliseconds and page faults per step. The processes
   alternate, so drift of the machine's speed touches both.
+- chars: the tagger's character encoder (``qkv.jobs.tagging.model.CharEncoder``, 64-wide
+  characters, 256 channels, width 3), forward + backward in bf16 on the distinct words of
+  100-sentence batches of Multi30k's English side, pooling its convolution with
+  ``max_pool_words`` (``"fast"``) against ``max_pool_words_reference``, in interleaved rounds.
 
 Writes benchmarks/results/training_step.json (or --result PATH) with the machine and command.
 """
@@ -66,6 +70,50 @@ def loss_section(rounds: int, repeats: int, rows: int = 2000, vocab: int = 8000)
         "unit": "milliseconds per forward + backward",
         **{impl: {"ms": summary(ms[impl])} for impl in ms},
         "speedup_fused": ratios(rates["fused"], rates["reference"]),
+    }
+
+
+def chars_section(data: Path, rounds: int, batches: int) -> dict:
+    from qkv.jobs.tagging.data import WordEncoder, collate
+    from qkv.jobs.tagging.model import CharEncoder, max_pool_words, max_pool_words_reference
+    from qkv.jobs.translation.data import read_parallel
+
+    sentences = [en.split() for _, en in read_parallel(data / "train.de", data / "train.en")]
+    encoder = WordEncoder.train(sentences[:5000], 2000)
+    chars = [
+        collate([e for s in sentences[i : i + 100] for e in encoder.examples(s, None, 1024)]).chars
+        for i in range(0, 100 * batches, 100)
+    ]  # (U, C) each
+    torch.manual_seed(0)
+    model = CharEncoder(encoder.n_chars, 64, 256).train()
+
+    def runner(pool):
+        def run(_: int) -> int:
+            model.pool = pool
+            for batch in chars:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = model(batch)  # (U, D)
+                out.float().sum().backward()
+            return len(chars)
+
+        return run
+
+    runners = {"fast": runner(max_pool_words), "reference": runner(max_pool_words_reference)}
+    for run in runners.values():
+        run(0)  # warm-up
+    rates = interleaved(runners, rounds)  # batches per second
+    ms = {name: [1000 / r for r in rates[name]] for name in rates}
+    return {
+        "shape": {
+            "words_per_batch": round(statistics.mean(c.shape[0] for c in chars)),
+            "chars_per_word": max(c.shape[1] for c in chars),
+            "char_dim": 64,
+            "channels": 256,
+            "dtype": "bfloat16",
+        },
+        "unit": "milliseconds per batch, forward + backward",
+        **{name: {"ms": summary(ms[name])} for name in ms},
+        "speedup_fast": ratios(rates["fast"], rates["reference"]),
     }
 
 
@@ -189,6 +237,7 @@ def main() -> None:
         "machine": machine(2 if quick else 5),
         "loss": loss_section(rounds=2 if quick else 7, repeats=2 if quick else 10),
     }
+    report["chars"] = chars_section(args.data, rounds=2 if quick else 7, batches=3 if quick else 20)
     report["allocator"] = allocator_section(
         args.data, rounds=2, warmup=2 if quick else 10, steps=3 if quick else 30
     )
@@ -198,6 +247,11 @@ def main() -> None:
     print(
         f"loss: fused {loss['fused']['ms']['median']} ms, reference "
         f"{loss['reference']['ms']['median']} ms (x{loss['speedup_fused']['median']})"
+    )
+    chars = report["chars"]
+    print(
+        f"chars: fast {chars['fast']['ms']['median']} ms, reference "
+        f"{chars['reference']['ms']['median']} ms (x{chars['speedup_fast']['median']})"
     )
     print(
         f"step: keep {alloc['keep']['ms_per_step']['median']:.0f} ms, "

@@ -27,6 +27,7 @@ from qkv.jobs.tagging import (
     read_conllu,
 )
 from qkv.jobs.tagging.data import collate, split_words
+from qkv.jobs.tagging.model import max_pool_words, max_pool_words_reference
 from qkv.jobs.tagging.task import TaggingTask
 from qkv.labels import LabelVocab
 from qkv.viz.attention import run_attention
@@ -313,6 +314,24 @@ def test_character_encoder_of_several_widths_matches_each_word_alone(data):
         pooled = [torch.relu(conv(x)).amax(dim=-1) for conv in (chars.conv, *chars.more_convs)]
         torch.testing.assert_close(got[u], chars.proj(torch.cat(pooled, dim=-1))[0])
     assert [c.kernel_size[0] for c in (chars.conv, *chars.more_convs)] == [3, 5, 1]
+
+
+def test_word_max_pool_matches_its_reference_forward_and_backward():
+    torch.manual_seed(0)
+    h = torch.randn(6, 5, 7)  # (U, D, C): words whose every value is below 0 included
+    h[0] -= 10
+    pad = torch.zeros(6, 1, 7, dtype=torch.bool)
+    pad[1:, :, 4:] = True  # shorter words, padded; the padding holds the largest values
+    h.masked_fill_(pad, 50.0)
+    grads = []
+    for pool in (max_pool_words, max_pool_words_reference):
+        x = h.clone().requires_grad_()
+        out = pool(x, pad)  # (U, D)
+        (out * torch.arange(1.0, 6.0)).sum().backward()
+        grads.append((out.detach(), x.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+    assert grads[0][0][0].eq(0).all() and grads[0][1][pad.expand_as(h)].eq(0).all()
 
 
 def test_cli_char_widths_are_saved_and_a_run_without_them_loads_with_one(data, tmp_path):

@@ -30,6 +30,23 @@ CHAR_DIM = 64
 CHAR_WIDTHS = (3,)
 
 
+def max_pool_words(h: Tensor, pad: Tensor) -> Tensor:
+    """(U, D, C) convolution outputs, (U, 1, C) padding -> (U, D): ReLU of the max over each
+    word's characters.
+
+    ReLU is monotone, so it can follow the max (on (U, D) rather than (U, D, C)); and
+    ``max`` sends the gradient back through its indices where ``amax`` compares every value
+    with the maximum: the character encoder's forward and backward 1.29x as fast
+    (``benchmarks/training_step.py``, its "chars").
+    """
+    return F.relu(h.masked_fill(pad, float("-inf")).max(dim=-1).values)
+
+
+def max_pool_words_reference(h: Tensor, pad: Tensor) -> Tensor:
+    """``max_pool_words`` as written: ReLU, padding to 0 (ReLU >= 0, so max ignores it), max."""
+    return F.relu(h).masked_fill(pad, 0.0).amax(dim=-1)
+
+
 class CharEncoder(nn.Module):
     """Characters of each word -> one vector per word: embed, convolve, max-pool, project.
 
@@ -37,8 +54,10 @@ class CharEncoder(nn.Module):
     is centred on a character); their max-pooled vectors are concatenated and projected back
     to D. A window that reaches the word's end marker sees a suffix of width - 1 characters.
 
-    (U, C) character ids of U words -> (U, D).
+    (U, C) character ids of U words -> (U, D). ``pool`` is ``max_pool_words`` or its reference.
     """
+
+    pool = staticmethod(max_pool_words)
 
     def __init__(
         self, n_chars: int, char_dim: int, d_model: int, widths: tuple[int, ...] = CHAR_WIDTHS
@@ -56,10 +75,8 @@ class CharEncoder(nn.Module):
     def forward(self, chars: Tensor) -> Tensor:
         x = self.embed(chars).transpose(1, 2)  # (U, E, C)
         pad = (chars == CHAR_PAD)[:, None, :]  # (U, 1, C)
-        pooled = []
-        for conv in (self.conv, *self.more_convs):
-            h = F.relu(conv(x))  # (U, D, C): odd widths keep C positions
-            pooled.append(h.masked_fill(pad, 0.0).amax(dim=-1))  # ReLU >= 0: max ignores pad
+        # (U, D, C) per width (odd widths keep C positions) -> (U, D)
+        pooled = [self.pool(conv(x), pad) for conv in (self.conv, *self.more_convs)]
         return self.proj(torch.cat(pooled, dim=-1))  # (U, len(widths) * D) -> (U, D)
 
 
