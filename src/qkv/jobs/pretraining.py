@@ -51,7 +51,7 @@ class PretrainOptions:
     unlabeled: list[str] = option(
         [],
         "unlabeled text for the vocabulary and pretraining: one text a line, or the "
-        "'# text =' lines of a .conllu file (repeatable)",
+        "'# text =' lines of a .conllu file; repeatable",
         metavar="FILE",
     )
     # With --max-time the budget covers the whole run: pretraining takes this share, and
