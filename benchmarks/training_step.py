@@ -10,8 +10,8 @@
   fresh process, with glibc's ``malloc`` as it comes (``"system"``) and with freed memory kept
   (``qkv.allocator``, ``"keep"``): milliseconds and page faults per step. The processes
   alternate, so drift of the machine's speed touches both.
-- chars: the tagger's character encoder (``qkv.jobs.tagging.model.CharEncoder``, 64-wide
-  characters, 256 channels, width 3), forward + backward in bf16 on the distinct words of
+- chars: the tagger's character encoder (``qkv.jobs.tagging.model.CharEncoder``, at the
+  ``qkv train tagger`` defaults), forward + backward in bf16 on the distinct words of
   100-sentence batches of Multi30k's English side, pooling its convolution with
   ``max_pool_words`` (``"fast"``) against ``max_pool_words_reference``, in interleaved rounds.
 
@@ -74,8 +74,15 @@ def loss_section(rounds: int, repeats: int, rows: int = 2000, vocab: int = 8000)
 
 
 def chars_section(data: Path, rounds: int, batches: int) -> dict:
+    from qkv.config import ModelConfig
+    from qkv.jobs import get_job
     from qkv.jobs.tagging.data import WordEncoder, collate
-    from qkv.jobs.tagging.model import CharEncoder, max_pool_words, max_pool_words_reference
+    from qkv.jobs.tagging.model import (
+        CHAR_DIM,
+        CharEncoder,
+        max_pool_words,
+        max_pool_words_reference,
+    )
     from qkv.jobs.translation.data import read_parallel
 
     sentences = [en.split() for _, en in read_parallel(data / "train.de", data / "train.en")]
@@ -85,7 +92,8 @@ def chars_section(data: Path, rounds: int, batches: int) -> dict:
         for i in range(0, 100 * batches, 100)
     ]  # (U, C) each
     torch.manual_seed(0)
-    model = CharEncoder(encoder.n_chars, 64, 256).train()
+    d_model = ModelConfig.preset(get_job("tagger").preset).d_model  # the tagger's width
+    model = CharEncoder(encoder.n_chars, CHAR_DIM, d_model).train()
 
     def runner(pool):
         def run(_: int) -> int:
@@ -107,8 +115,8 @@ def chars_section(data: Path, rounds: int, batches: int) -> dict:
         "shape": {
             "words_per_batch": round(statistics.mean(c.shape[0] for c in chars)),
             "chars_per_word": max(c.shape[1] for c in chars),
-            "char_dim": 64,
-            "channels": 256,
+            "char_dim": CHAR_DIM,
+            "channels": d_model,
             "dtype": "bfloat16",
         },
         "unit": "milliseconds per batch, forward + backward",
