@@ -134,7 +134,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     test_texts = len(read_labeled(split_file(args.data, "test")))
     qkv_runs, peer_runs = [], []
-    for seed in range(1, args.seeds + 1):
+    for seed in harness.seeds(args):
         start_load = os.getloadavg()[0]
         qkv_runs.append(qkv_seed(args, seed))
         print(f"qkv seed {seed}: test accuracy {qkv_runs[-1]['test_accuracy']}", flush=True)

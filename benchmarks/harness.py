@@ -99,6 +99,11 @@ def mean_sd(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def seeds(args) -> range:
+    """The seeds a benchmark runs: ``--seeds`` of them from ``--first-seed``."""
+    return range(args.first_seed, args.first_seed + args.seeds)
+
+
 def write_report(path: Path, report: dict[str, Any]) -> None:
     """The results JSON: the figures, the machine, the commands that made them."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,11 +113,20 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 
 def common_arguments(parser, budget_seconds: float, seeds: int = 1) -> None:
-    """--seconds, --seeds, --allow-busy, --threads: the options every benchmark has."""
+    """--seconds, --seeds, --first-seed, --allow-busy, --threads: every benchmark's options."""
     parser.add_argument(
         "--seconds", type=float, default=budget_seconds, help="wall-clock training budget"
     )
-    parser.add_argument("--seeds", type=int, default=seeds, help="seeds 1..N, each side")
+    parser.add_argument(
+        "--seeds", type=int, default=seeds, help="how many seeds, each side (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=1,
+        help="the first seed: seeds FIRST..FIRST+N-1, so that a long benchmark's seeds can run "
+        "one invocation each (default: %(default)s)",
+    )
     parser.add_argument(
         "--allow-busy",
         action="store_true",

@@ -223,7 +223,7 @@ def main() -> None:
     test = read_conllu(args.data / TEST)
 
     runs = []
-    for seed in range(1, args.seeds + 1):
+    for seed in harness.seeds(args):
         ours = run_qkv(args, seed, test, counts)
         bf16 = ours["training"].get("precision") == "bf16"
         theirs = run_peer(args, seed, train, test, counts, bf16)
@@ -244,7 +244,7 @@ def main() -> None:
             "machine": machine,
             "warnings": warnings,
             "budget_seconds": args.seconds,
-            "seeds": args.seeds,
+            "seeds": list(harness.seeds(args)),
             "tagset": "upos",
             "test_words": runs[0]["qkv"]["test"]["words"],
             "test_unseen_words": runs[0]["qkv"]["test"]["unseen_words"],

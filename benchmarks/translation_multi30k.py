@@ -137,7 +137,7 @@ def main() -> None:
     test = ([s for s, _ in pairs], [t for _, t in pairs])
 
     runs = []
-    for seed in range(1, args.seeds + 1):
+    for seed in harness.seeds(args):
         ours = run_qkv(args, seed, test)
         bf16 = ours["training"]["precision"] == "bf16"
         theirs = run_peer(args, seed, test, bf16)

@@ -124,7 +124,7 @@ def main() -> None:
     data = splits()
 
     runs = []
-    for seed in range(1, args.seeds + 1):
+    for seed in harness.seeds(args):
         runs.append({"seed": seed, "qkv": run_qkv(args, seed), "peer": run_peer(args, seed, data)})
     warnings += harness.busy_during(machine["load_average"][0])
 
