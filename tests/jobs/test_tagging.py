@@ -3,6 +3,7 @@
 import json
 import random
 import shutil
+from collections import Counter
 
 import pytest
 import torch
@@ -376,6 +377,42 @@ def test_word_dropout_hides_all_subwords_of_a_word_or_none(data):
     assert multi  # the check above covered words of several subwords
 
 
+def test_rare_word_dropout_hides_a_word_by_its_training_count(data):
+    sentences, encoder, upos, _ = aux_setup(data)
+    task = TaggingTask(encoder, upos, sentences, sentences, 64, 10_000, 0.0)
+    batch = collate(task.train, task.counts)
+    spellings = Counter(tuple(encoder.word_chars(w)) for s in sentences for w in s.words)
+    rows = [tuple(r[r.ne(0)].tolist()) for r in batch.chars]  # (U,) each word's characters
+    counts = torch.tensor([float(spellings[r]) for r in rows])  # (U,)
+    torch.testing.assert_close(batch.word_counts, counts)
+    assert collate(task.train).word_counts is None
+    config = ModelConfig.preset("tiny", src_vocab_size=encoder.tokenizer.vocab_size,
+                                n_decoder_layers=0, max_len=64, dropout=0.0)  # fmt: skip
+    model = TaggerModel(config, len(upos), encoder.n_chars, char_dim=8, token_dropout=0.0,
+                        word_dropout=0.2, rare_word_dropout=0.5)  # fmt: skip
+    chance = model.hide_chance(len(rows), batch.word_counts, batch.src.device)
+    torch.testing.assert_close(chance, 1 - 0.8 * counts / (0.5 + counts))
+    torch.testing.assert_close(model.hide_chance(len(rows), None, batch.src.device),
+                               torch.full((len(rows),), 0.2))  # fmt: skip
+    model.rare_word_dropout = 0.0
+    model.word_dropout = 0.0
+    assert model.hide_chance(len(rows), batch.word_counts, batch.src.device) is None
+    # Drawn while training: a word seen once is hidden far more often than the commonest.
+    model.rare_word_dropout = 2.0
+    seen = []
+    model.body.embed.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    torch.manual_seed(0)
+    model.train()
+    for _ in range(200):
+        model(batch.src, batch.word_index, batch.chars, word_counts=batch.word_counts)
+    first = batch.targets.ne(IGNORE) & batch.src.ne(UNK_ID)  # words by their first subword
+    hidden = torch.stack(seen).eq(UNK_ID)[:, first].float().mean(0)  # per word occurrence
+    words = batch.word_index[first]
+    rare = hidden[counts[words] == 1].mean()
+    common = hidden[counts[words] == counts.max()].mean()
+    assert abs(rare - 2 / 3) < 0.05 and abs(common - 2 / (2 + counts.max())) < 0.05
+
+
 @pytest.mark.parametrize(
     "line, says",
     [("2\tdog\tdog\tNOUN\tNN\t_\t0", "10 tab-separated columns but this one has 7"),
@@ -394,6 +431,7 @@ def test_malformed_conllu_is_one_error_line_naming_file_and_line(tmp_path, capsy
 @pytest.mark.parametrize(
     "option, value",
     [("--char-dim", "-1"), ("--token-dropout", "1.0"), ("--word-dropout", "1.0"),
+     ("--rare-word-dropout", "-1.0"),
      ("--max-len", "0"), ("--aux-tags", "lemma"), ("--aux-tags", "upos"),
      ("--aux-weight", "-0.5"), ("--char-widths", "4"),
      ("--max-tokens", "0"), ("--vocab-size", "3"), ("--label-smoothing", "1.5")],

@@ -15,7 +15,7 @@ import itertools
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import conllu
@@ -275,6 +275,8 @@ class TaggingBatch:
         chars: (U, C) character ids of the U distinct words of the batch.
         n_labels: labelled words (the loss is per word).
         aux_targets: (B, S) for each extra column, laid out as ``targets``.
+        word_counts: (U,) how often each distinct word's spelling occurs in the training
+            words (``collate(..., counts=...)``), or None.
     """
 
     src: Tensor
@@ -283,6 +285,7 @@ class TaggingBatch:
     chars: Tensor
     n_labels: int
     aux_targets: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    word_counts: Tensor | None = None
 
 
 def _pad(rows: Sequence[Sequence[int]], value: int) -> Tensor:
@@ -295,8 +298,19 @@ def _pad(rows: Sequence[Sequence[int]], value: int) -> Tensor:
     return torch.from_numpy(out)
 
 
-def collate(examples: Sequence[Example]) -> TaggingBatch:
-    """Pad examples into one batch; a word that recurs ("the", ",") is spelled out once."""
+def spelling_counts(examples: Sequence[Example]) -> Counter[tuple[int, ...]]:
+    """How often each spelling (a word's character ids) occurs in the examples."""
+    return Counter(tuple(c) for e in examples for c in e.chars)
+
+
+def collate(
+    examples: Sequence[Example], counts: Mapping[tuple[int, ...], int] | None = None
+) -> TaggingBatch:
+    """Pad examples into one batch; a word that recurs ("the", ",") is spelled out once.
+
+    With ``counts`` (``spelling_counts`` of the training examples) the batch carries each
+    distinct word's count, 0 for a word the training examples lack.
+    """
     rows: dict[tuple[int, ...], int] = {}
     word_index = []
     for e in examples:
@@ -314,4 +328,7 @@ def collate(examples: Sequence[Example]) -> TaggingBatch:
         }
         if examples
         else {},
+        word_counts=None
+        if counts is None
+        else torch.tensor([counts.get(r, 0) for r in rows], dtype=torch.float32),  # (U,)
     )

@@ -93,6 +93,10 @@ class TaggerModel(nn.Module):
             the model learns to tag words from their characters and context alone.
         word_dropout: while training, the share of a batch's distinct words whose subwords
             all become ``<unk>``: whole words go missing, as unseen words do.
+        rare_word_dropout: alpha; while training, a word seen c times in the training
+            words is also hidden (as with ``word_dropout``) with chance alpha / (alpha + c),
+            so that rare words, the nearest to unseen ones, go missing most often
+            (Kiperwasser and Goldberg 2016). Needs the batch's ``word_counts``.
         aux_labels: labels of each extra head by column name (``AUX_COLUMNS``), learned
             alongside the tags while training.
     """
@@ -107,10 +111,11 @@ class TaggerModel(nn.Module):
         word_dropout: float = 0.0,
         aux_labels: dict[str, int] | None = None,
         char_widths: Sequence[int] = CHAR_WIDTHS,
+        rare_word_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.config, self.token_dropout = config, token_dropout
-        self.word_dropout = word_dropout
+        self.word_dropout, self.rare_word_dropout = word_dropout, rare_word_dropout
         self.body = EncoderModel(config)
         self.chars = (
             CharEncoder(n_chars, char_dim, config.d_model, tuple(char_widths))
@@ -129,20 +134,24 @@ class TaggerModel(nn.Module):
         chars: Tensor,
         attentions: list[Tensor] | None = None,
         aux: bool = False,
+        word_counts: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """src, word_index (B, S) and chars (U, C) of a ``TaggingBatch`` -> logits (B, S, K).
 
         ``attentions``, when given, receives each layer's weights (B, H, S, S). With ``aux``
         the extra heads' logits come too: (logits, {column: (B, S, K_column)}).
+        ``word_counts`` (U,), the batch's, lets ``rare_word_dropout`` act.
         """
         tokens = src
         if self.training and self.token_dropout > 0:
             drop = torch.rand(src.shape, device=src.device) < self.token_dropout
             tokens = tokens.masked_fill(drop & (src != PAD_ID), UNK_ID)
-        if self.training and self.word_dropout > 0:
-            # One draw per distinct word (a row of chars), spread to all of its subwords.
-            dropped = torch.rand(chars.shape[0], device=src.device) < self.word_dropout  # (U,)
-            tokens = tokens.masked_fill(dropped[word_index] & (src != PAD_ID), UNK_ID)
+        if self.training:
+            hide = self.hide_chance(chars.shape[0], word_counts, src.device)  # (U,) or None
+            if hide is not None:
+                # One draw per distinct word (a row of chars), spread to all of its subwords.
+                dropped = torch.rand(chars.shape[0], device=src.device) < hide  # (U,)
+                tokens = tokens.masked_fill(dropped[word_index] & (src != PAD_ID), UNK_ID)
         # EncoderModel.forward embeds the tokens itself, so the character vectors go in
         # through its InputEmbedding and its Encoder, called one after the other here.
         extra = None if self.chars is None else self.chars(chars)[word_index]  # (B, S, D)
@@ -151,3 +160,16 @@ class TaggerModel(nn.Module):
         if aux:
             return self.head(h), {name: head(h) for name, head in self.aux_heads.items()}
         return self.head(h)
+
+    def hide_chance(
+        self, n_words: int, word_counts: Tensor | None, device: torch.device
+    ) -> Tensor | None:
+        """(U,) chance that each distinct word of a batch is hidden while training: 1 - (1 -
+        word_dropout) (1 - alpha / (alpha + count)); None when nothing is hidden."""
+        keep = torch.full((n_words,), 1.0 - self.word_dropout, device=device)  # (U,)
+        if self.rare_word_dropout > 0 and word_counts is not None:
+            alpha = self.rare_word_dropout
+            keep = keep * (1.0 - alpha / (alpha + word_counts.to(device)))
+        elif self.word_dropout == 0:
+            return None
+        return 1.0 - keep

@@ -19,6 +19,7 @@ from qkv.jobs.tagging.data import (
     TaggingBatch,
     WordEncoder,
     collate,
+    spelling_counts,
 )
 from qkv.jobs.tagging.predict import predict_labels
 from qkv.labels import LabelVocab
@@ -49,16 +50,19 @@ class TaggingTask:
         self.aux_weight = aux_weight
         self.train = encode_sentences(encoder, labels, train, max_len, aux_labels)
         self.valid = encode_sentences(encoder, labels, valid, max_len)
+        self.counts = spelling_counts(self.train)  # for the model's rare_word_dropout
 
     def train_batches(self, epoch: int, seed: int) -> list[TaggingBatch]:
         lengths = [len(e.ids) for e in self.train]
         batches = token_batches(lengths, self.max_tokens, shuffle=True, seed=seed, epoch=epoch)
-        return [collate([self.train[i] for i in b]) for b in batches]
+        return [collate([self.train[i] for i in b], self.counts) for b in batches]
 
     def loss(self, model: nn.Module, batch: TaggingBatch) -> tuple[Tensor, int]:
         """Label-smoothed cross-entropy per word, read at first subwords only; with extra
         heads, plus ``aux_weight`` times each of their cross-entropies per word."""
-        logits, extra = model(batch.src, batch.word_index, batch.chars, aux=True)  # (B, S, K)
+        logits, extra = model(
+            batch.src, batch.word_index, batch.chars, aux=True, word_counts=batch.word_counts
+        )  # (B, S, K)
         loss = self._word_loss(logits, batch.targets)
         for name, targets in batch.aux_targets.items():
             loss = loss + self.aux_weight * self._word_loss(extra[name], targets)
