@@ -379,13 +379,16 @@ def test_word_dropout_hides_all_subwords_of_a_word_or_none(data):
 
 def test_rare_word_dropout_hides_a_word_by_its_training_count(data):
     sentences, encoder, upos, _ = aux_setup(data)
-    task = TaggingTask(encoder, upos, sentences, sentences, 64, 10_000, 0.0)
-    batch = collate(task.train, task.counts)
+    task = TaggingTask(encoder, upos, sentences, sentences, 64, 10_000, 0.0, count_words=True)
+    batch = task.train_batches(epoch=0, seed=0)[0]
+    assert len(task.train_batches(epoch=0, seed=0)) == 1  # every word in this one batch
     spellings = Counter(tuple(encoder.word_chars(w)) for s in sentences for w in s.words)
     rows = [tuple(r[r.ne(0)].tolist()) for r in batch.chars]  # (U,) each word's characters
     counts = torch.tensor([float(spellings[r]) for r in rows])  # (U,)
     torch.testing.assert_close(batch.word_counts, counts)
     assert collate(task.train).word_counts is None
+    plain = TaggingTask(encoder, upos, sentences, sentences, 64, 10_000, 0.0)
+    assert plain.train_batches(epoch=0, seed=0)[0].word_counts is None  # counted only when on
     config = ModelConfig.preset("tiny", src_vocab_size=encoder.tokenizer.vocab_size,
                                 n_decoder_layers=0, max_len=64, dropout=0.0)  # fmt: skip
     model = TaggerModel(config, len(upos), encoder.n_chars, char_dim=8, token_dropout=0.0,

@@ -329,6 +329,7 @@ class TaggerJob(Job):
             settings.label_smoothing,
             prepared.aux,
             settings.aux_weight,
+            count_words=settings.rare_word_dropout > 0,
         )
 
     def finish(

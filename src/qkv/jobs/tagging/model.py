@@ -165,11 +165,12 @@ class TaggerModel(nn.Module):
         self, n_words: int, word_counts: Tensor | None, device: torch.device
     ) -> Tensor | None:
         """(U,) chance that each distinct word of a batch is hidden while training: 1 - (1 -
-        word_dropout) (1 - alpha / (alpha + count)); None when nothing is hidden."""
-        keep = torch.full((n_words,), 1.0 - self.word_dropout, device=device)  # (U,)
-        if self.rare_word_dropout > 0 and word_counts is not None:
-            alpha = self.rare_word_dropout
-            keep = keep * (1.0 - alpha / (alpha + word_counts.to(device)))
-        elif self.word_dropout == 0:
+        word_dropout) count / (alpha + count); None when nothing is hidden."""
+        rare = self.rare_word_dropout > 0 and word_counts is not None
+        if self.word_dropout == 0 and not rare:
             return None
+        keep = torch.full((n_words,), 1.0 - self.word_dropout, device=device)  # (U,)
+        if rare:
+            counts = word_counts.to(device)  # (U,)
+            keep = keep * counts / (self.rare_word_dropout + counts)
         return 1.0 - keep

@@ -44,13 +44,15 @@ class TaggingTask:
         label_smoothing: float,
         aux_labels: dict[str, LabelVocab] | None = None,
         aux_weight: float = 0.0,
+        count_words: bool = False,
     ) -> None:
         self.labels = labels
         self.max_tokens, self.label_smoothing = max_tokens, label_smoothing
         self.aux_weight = aux_weight
         self.train = encode_sentences(encoder, labels, train, max_len, aux_labels)
         self.valid = encode_sentences(encoder, labels, valid, max_len)
-        self.counts = spelling_counts(self.train)  # for the model's rare_word_dropout
+        # Each training word's count, for the model's rare_word_dropout; None when it is off.
+        self.counts = spelling_counts(self.train) if count_words else None
 
     def train_batches(self, epoch: int, seed: int) -> list[TaggingBatch]:
         lengths = [len(e.ids) for e in self.train]
