@@ -12,6 +12,7 @@ from qkv.data import (
     UNK_ID,
     SubwordDropout,
     SubwordTokenizer,
+    hide_words,
     pad_batch,
     read_lines,
     token_batches,
@@ -241,3 +242,16 @@ def test_pad_batch():
     assert_close(pad_batch([[5, 6, 7], [8], []]), expected)
     assert pad_batch([[5, 6, 7], [8], []]).dtype == torch.long
     assert_close(pad_batch([[5], [6, 7]], pad_id=9), torch.tensor([[5, 9], [6, 7]]))
+
+
+def test_hide_words_turns_a_share_of_subwords_and_nothing_else_into_unk():
+    torch.manual_seed(0)
+    words = torch.randint(4, 100, (40, 50))  # (B, T) subword ids
+    ids = torch.cat([torch.full((40, 1), BOS_ID), words, torch.full((40, 1), EOS_ID),
+                     torch.full((40, 3), PAD_ID)], dim=1)  # fmt: skip
+    assert hide_words(ids, 0.0) is ids
+    hidden = hide_words(ids, 0.3)
+    changed = hidden != ids
+    assert (hidden[changed] == UNK_ID).all()
+    assert not changed[:, 0].any() and not changed[:, 51:].any()  # <s>, </s>, padding stay
+    assert 0.26 < changed[:, 1:51].float().mean().item() < 0.34  # 2,000 draws at 0.3

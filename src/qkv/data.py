@@ -24,6 +24,7 @@ from qkv.errors import InputError, where
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # index == fixed id
+FIRST_WORD_ID = len(SPECIAL_TOKENS)  # ids below are <pad>, <s>, </s>, <unk>
 
 Pair = tuple[str, str]
 
@@ -271,3 +272,12 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch
     for row, seq in enumerate(sequences):
         out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     return out
+
+
+def hide_words(ids: torch.Tensor, chance: float) -> torch.Tensor:
+    """Word dropout: each subword of ``ids`` (B, T) becomes <unk> with ``chance``, drawn from
+    torch's generator; padding, <s>, </s> and <unk> stay. Returns ``ids`` itself at 0."""
+    if chance <= 0:
+        return ids
+    hidden = torch.rand(ids.shape, device=ids.device) < chance  # (B, T)
+    return ids.masked_fill(hidden & (ids >= FIRST_WORD_ID), UNK_ID)  # (B, T)

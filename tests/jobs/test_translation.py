@@ -1,8 +1,9 @@
 import pytest
 import torch
 
+from qkv.data import UNK_ID, SubwordTokenizer
 from qkv.errors import InputError
-from qkv.jobs.translation import Translator, corpus_scores
+from qkv.jobs.translation import TranslationTask, Translator, corpus_scores
 
 from ..helpers import tiny_pairs, train_tiny_translation
 
@@ -67,3 +68,27 @@ def test_empty_and_overlong_pairs_are_skipped_and_counted(tmp_path, capsys):
     assert summary["steps"] == 1
     out = capsys.readouterr().out
     assert "skipped 2 pairs with an empty side and 1 over --max-len 40; 100 kept" in out
+
+
+def test_word_dropout_hides_source_subwords_from_the_training_model_only():
+    pairs = tiny_pairs(n_train=60)["train"]
+    tokenizer = SubwordTokenizer.train([side for pair in pairs for side in pair], 200)
+    seen = []
+
+    def model(src, tgt_in, select):
+        seen.append((src, tgt_in))
+        return torch.zeros(int(select.sum()), tokenizer.vocab_size, requires_grad=True)
+
+    for chance in (0.0, 0.5):
+        task = TranslationTask(tokenizer, pairs, pairs[:4], 4000, 0.1, word_dropout=chance)
+        batch = task.train_batches(0, seed=1)[0]
+        torch.manual_seed(0)
+        task.loss(model, batch)
+        src, tgt_in = seen[-1]
+        assert torch.equal(tgt_in, batch.tgt_in)  # the decoder's input is never hidden
+        changed = src != batch.src
+        if chance == 0:
+            assert not changed.any()
+        else:
+            assert (src[changed] == UNK_ID).all() and changed.any()
+            assert changed.sum() < 0.7 * (batch.src > UNK_ID).sum()

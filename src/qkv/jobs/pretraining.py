@@ -27,14 +27,13 @@ from torch import Tensor, nn
 
 from qkv import checkpoint as ckpt
 from qkv.config import ModelConfig, option
-from qkv.data import PAD_ID, SPECIAL_TOKENS, pad_batch, read_lines, token_batches
+from qkv.data import FIRST_WORD_ID, PAD_ID, pad_batch, read_lines, token_batches
 from qkv.errors import InputError
 from qkv.loss import smoothed_cross_entropy
 from qkv.model import EncoderModel
 from qkv.training import TrainConfig, Trainer
 
 PRETRAIN_DIR = "pretrain"
-FIRST_WORD_ID = len(SPECIAL_TOKENS)  # ids below are <pad>, <s>, </s>, <unk>
 IGNORE = -100  # cross_entropy's ignore_index: a position with nothing to predict
 CONLLU_TEXT = "# text = "  # the comment line holding a CoNLL-U sentence's raw text
 

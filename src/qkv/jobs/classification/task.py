@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.data import PAD_ID, UNK_ID, pad_batch, token_batches
+from qkv.data import PAD_ID, hide_words, pad_batch, token_batches
 from qkv.jobs.classification.model import batched_logits
-from qkv.jobs.pretraining import FIRST_WORD_ID
 from qkv.metrics import label_scores
 
 
@@ -56,10 +55,7 @@ class ClassificationTask:
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int]:
         """Mean label-smoothed cross-entropy per text; words drop to <unk> at ``word_dropout``."""
-        src = batch["src"]
-        if self.word_dropout > 0:
-            dropped = torch.rand(src.shape, device=src.device) < self.word_dropout
-            src = src.masked_fill(dropped & (src >= FIRST_WORD_ID), UNK_ID)
+        src = hide_words(batch["src"], self.word_dropout)  # (B, S)
         logits = model(src).float()  # (B, C)
         loss = F.cross_entropy(logits, batch["labels"], label_smoothing=self.label_smoothing)
         return loss, int((src != PAD_ID).sum())

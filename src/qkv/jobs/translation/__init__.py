@@ -50,6 +50,9 @@ class TranslationSettings(JobSettings):
         "BPE-dropout: share of subword merges left out at random when the training pairs are "
         "split, anew each epoch (0: the tokenizer's one split)",
     )
+    word_dropout: float = option(
+        0.0, "word dropout: chance that a training source subword is replaced by <unk>"
+    )
 
     def check(self) -> None:
         super().check()
@@ -60,6 +63,8 @@ class TranslationSettings(JobSettings):
             )
         if not 0 <= self.bpe_dropout < 1:
             raise InputError(f"--bpe-dropout {self.bpe_dropout} must be in [0, 1)")
+        if not 0 <= self.word_dropout < 1:
+            raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
 
 
 class TranslationJob(Job):
@@ -157,6 +162,7 @@ class TranslationJob(Job):
             settings.max_tokens,
             settings.label_smoothing,
             bpe_dropout=settings.bpe_dropout,
+            word_dropout=settings.word_dropout,
         )
 
     def report(self, summary: dict[str, Any], run_dir: Path) -> str:

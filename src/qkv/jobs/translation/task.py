@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.data import PAD_ID, SubwordDropout, SubwordTokenizer, token_batches
+from qkv.data import PAD_ID, SubwordDropout, SubwordTokenizer, hide_words, token_batches
 from qkv.distributed import is_main_process
 from qkv.errors import InputError
 from qkv.jobs.translation.data import TranslationBatch, clean_pairs, make_translation_batch
@@ -32,8 +32,10 @@ class TranslationTask:
         label_smoothing: float,
         valid_decode: DecodeOptions | None = None,
         bpe_dropout: float = 0.0,
+        word_dropout: float = 0.0,
     ) -> None:
         self.tokenizer = tokenizer
+        self.word_dropout = word_dropout
         self.max_tokens, self.label_smoothing = max_tokens, label_smoothing
         self.train_src = tokenizer.encode_batch([s for s, _ in train_pairs])
         self.train_tgt = tokenizer.encode_batch([t for _, t in train_pairs])
@@ -62,13 +64,15 @@ class TranslationTask:
         return [make_translation_batch([src[i] for i in b], [tgt[i] for i in b]) for b in batches]
 
     def loss(self, model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, int]:
-        """Label-smoothed cross-entropy per target token; padding is never scored.
+        """Label-smoothed cross-entropy per target token; padding is never scored. Source
+        subwords become <unk> at ``word_dropout``.
 
         Only the N real target positions go through the output layer and the loss, so the
         largest matrix product of the step does no work on padding.
         """
         real = batch.tgt_out != PAD_ID  # (B, T)
-        logits = model(batch.src, batch.tgt_in, select=real)  # (N, V)
+        src = hide_words(batch.src, self.word_dropout)  # (B, S)
+        logits = model(src, batch.tgt_in, select=real)  # (N, V)
         loss = smoothed_cross_entropy(logits, batch.tgt_out[real], self.label_smoothing)
         return loss / batch.n_tokens, batch.n_tokens
 
