@@ -161,7 +161,7 @@ def test_the_translation_loss_scores_real_tokens_only_and_equals_the_padded_loss
     model = Transformer(ModelConfig.preset("tiny")).eval()
     batch = make_translation_batch([[5, 6, 7], [8]], [[9, 10, 11, 12], [13]])
     task = TranslationTask.__new__(TranslationTask)
-    task.label_smoothing = 0.1
+    task.label_smoothing, task.word_dropout = 0.1, 0.0
     loss, tokens = task.loss(model, batch)
     logits = model(batch.src, batch.tgt_in)  # the padded reference: every position scored
     reference = torch.nn.functional.cross_entropy(
