@@ -276,7 +276,8 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> torch
 
 def hide_words(ids: torch.Tensor, chance: float) -> torch.Tensor:
     """Word dropout: each subword of ``ids`` (B, T) becomes <unk> with ``chance``, drawn from
-    torch's generator; padding, <s>, </s> and <unk> stay. Returns ``ids`` itself at 0."""
+    torch's global generator (which checkpoints save, so a resumed run draws the same);
+    padding, <s>, </s> and <unk> stay. Returns ``ids`` itself, drawing nothing, at 0."""
     if chance <= 0:
         return ids
     hidden = torch.rand(ids.shape, device=ids.device) < chance  # (B, T)
