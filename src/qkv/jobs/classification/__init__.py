@@ -72,9 +72,11 @@ class ClassifierData(JobSettings):
     vocab_size: int = option(12000, "subword vocabulary size")
     max_len: int = option(128, "subwords kept per text, [CLS] included; longer texts are cut")
     max_tokens: int = option(1024, "tokens per batch, padding included (batches built by length)")
-    # Chance that a word token is replaced by <unk> while training (regularisation): a few
+    # Chance that a subword token is replaced by <unk> while training (regularisation): a few
     # thousand labeled sentences overfit a Transformer within a few epochs without it.
-    word_dropout: float = option(0.1, "chance that a training word is replaced by <unk>")
+    word_dropout: float = option(
+        0.1, "word dropout: chance that a training subword is replaced by <unk>"
+    )
     # Lower-casing makes differently cased unlabeled text (news, captions) share the
     # subwords of lower-cased data like SST-2; prediction lower-cases the same way.
     lowercase: bool = option(True, "lower-case every text before the tokenizer")

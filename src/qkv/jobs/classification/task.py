@@ -36,7 +36,7 @@ class ClassificationTask:
         Args:
             max_tokens: tokens per batch, padding included.
             label_smoothing: of the training loss (validation loss has none).
-            word_dropout: chance that a training word becomes <unk> (regularisation).
+            word_dropout: chance that a training subword becomes <unk> (regularisation).
         """
         (self.train_ids, self.train_labels), (self.valid_ids, self.valid_labels) = train, valid
         self.n_labels, self.max_tokens = n_labels, max_tokens
@@ -54,7 +54,7 @@ class ClassificationTask:
         ]
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int]:
-        """Mean label-smoothed cross-entropy per text; words drop to <unk> at ``word_dropout``."""
+        """Mean label-smoothed cross-entropy per text; subwords become <unk> at ``word_dropout``."""
         src = hide_words(batch["src"], self.word_dropout)  # (B, S)
         logits = model(src).float()  # (B, C)
         loss = F.cross_entropy(logits, batch["labels"], label_smoothing=self.label_smoothing)
