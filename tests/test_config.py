@@ -1,6 +1,10 @@
+from dataclasses import dataclass
+
 import pytest
 
 from qkv import ModelConfig, Transformer
+from qkv.config import check_chances, option
+from qkv.errors import InputError
 
 
 def test_presets_have_the_documented_sizes():
@@ -66,3 +70,16 @@ def test_unknown_preset_and_field():
 def test_round_trip_through_dict():
     config = ModelConfig.preset("small", norm_first=True, positional="learned")
     assert ModelConfig.from_dict(config.to_dict()) == config
+
+
+def test_check_chances_names_the_option_of_the_first_field_outside_0_to_1():
+    @dataclass
+    class Settings:
+        keep: float = option(0.0, "a share")
+        renamed: float = option(0.99, "a share", flag="--other-name")
+
+    check_chances(Settings(), "keep", "renamed")
+    with pytest.raises(InputError, match=r"^--keep 1.0 must be in \[0, 1\)$"):
+        check_chances(Settings(keep=1.0, renamed=-1.0), "keep", "renamed")
+    with pytest.raises(InputError, match=r"^--other-name -0.5 must be in"):
+        check_chances(Settings(renamed=-0.5), "keep", "renamed")

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from qkv.errors import InputError
+
 ACTIVATIONS = ("relu", "gelu")
 POSITIONALS = ("sinusoidal", "learned")
 ATTENTION_IMPLS = ("auto", "sdpa", "reference")
@@ -31,6 +33,21 @@ def option(
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def option_flag(f: dataclasses.Field) -> str:
+    """The command-line option of settings field ``f``: its ``flag``, else ``--field-name``."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def check_chances(settings: Any, *names: str) -> None:
+    """Raise an ``InputError`` naming the option of the first of ``settings``' fields
+    ``names`` whose value is not a chance in [0, 1) (label smoothing, dropouts)."""
+    fields = {f.name: f for f in dataclasses.fields(settings)}
+    for name in names:
+        value = getattr(settings, name)
+        if not 0 <= value < 1:
+            raise InputError(f"{option_flag(fields[name])} {value} must be in [0, 1)")
 
 
 @dataclass

@@ -184,8 +184,11 @@ def test_bpe_dropout_resplits_the_training_pairs_each_epoch():
     assert plain.train_ids(0, 1) == plain.train_ids(1, 1)
 
 
-def test_bpe_dropout_option_range():
+def test_bpe_and_word_dropout_option_ranges():
     from qkv.jobs.translation import TranslationSettings
 
     with pytest.raises(InputError, match="--bpe-dropout 1.0 must be in"):
         TranslationSettings(train="t", valid="v", bpe_dropout=1.0).check()
+    with pytest.raises(InputError, match=r"--word-dropout -0.1 must be in \[0, 1\)"):
+        TranslationSettings(train="t", valid="v", word_dropout=-0.1).check()
+    TranslationSettings(train="t", valid="v", bpe_dropout=0.0, word_dropout=0.5).check()

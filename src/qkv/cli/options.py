@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from qkv.config import DROPOUT_IMPLS, PRESETS, ModelConfig
+from qkv.config import DROPOUT_IMPLS, PRESETS, ModelConfig, option_flag
 from qkv.errors import InputError
 
 # Help of the ModelConfig fields a job may show (``Job.model_options``).
@@ -80,7 +80,7 @@ def add_dataclass_options(
         if not meta.get("cli", False) or not meta.get("help"):
             continue
         default = defaults.get(f.name, _field_default(f))
-        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        flag = option_flag(f)
         kind = _plain_type(hints[f.name])
         common = {"dest": f.name, "default": argparse.SUPPRESS}
         if kind is bool:

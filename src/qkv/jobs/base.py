@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from qkv import checkpoint as ckpt
-from qkv.config import ModelConfig, option
+from qkv.config import ModelConfig, check_chances, option
 from qkv.errors import InputError
 
 if typing.TYPE_CHECKING:
@@ -72,8 +72,7 @@ class JobSettings:
 
     def check(self) -> None:
         """Raise an ``InputError`` naming the option when a value cannot work."""
-        if not 0 <= self.label_smoothing < 1:
-            raise InputError(f"--label-smoothing {self.label_smoothing} must be in [0, 1)")
+        check_chances(self, "label_smoothing")
 
 
 class Job:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv import checkpoint as ckpt
-from qkv.config import ModelConfig, option
+from qkv.config import ModelConfig, check_chances, option
 from qkv.data import FIRST_WORD_ID, PAD_ID, pad_batch, read_lines, token_batches
 from qkv.errors import InputError
 from qkv.loss import smoothed_cross_entropy
@@ -89,23 +89,11 @@ class PretrainOptions:
 
     def check_pretraining(self) -> None:
         """Raise an ``InputError`` naming the pretraining option whose value cannot work."""
-        ranges = {
-            "--mask-prob": (self.mask_prob, 0.0 < self.mask_prob < 1.0, "in (0, 1)"),
-            "--pretrain-dropout": (
-                self.pretrain_dropout,
-                0.0 <= self.pretrain_dropout < 1.0,
-                "in [0, 1)",
-            ),
-            "--pretrain-steps": (self.pretrain_steps, self.pretrain_steps >= 0, "0 or more"),
-            "--pretrain-share": (
-                self.pretrain_share,
-                0.0 <= self.pretrain_share < 1.0,
-                "in [0, 1)",
-            ),
-        }
-        for flag, (value, fine, allowed) in ranges.items():
-            if not fine:
-                raise InputError(f"{flag} {value} must be {allowed}")
+        if not 0 < self.mask_prob < 1:
+            raise InputError(f"--mask-prob {self.mask_prob} must be in (0, 1)")
+        check_chances(self, "pretrain_dropout", "pretrain_share")
+        if self.pretrain_steps < 0:
+            raise InputError(f"--pretrain-steps {self.pretrain_steps} must be 0 or more")
         for flag, value in (
             ("--pretrain-lr", self.pretrain_lr),
             ("--pretrain-time", self.pretrain_time),

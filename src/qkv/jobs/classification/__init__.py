@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from qkv.config import ModelConfig, option
+from qkv.config import ModelConfig, check_chances, option
 from qkv.data import PAD_ID, SubwordTokenizer
 from qkv.errors import InputError
 from qkv.jobs.base import ENCODER_OPTIONS, Job, JobSettings
@@ -106,8 +106,7 @@ class ClassifierSettings(PretrainOptions, ClassifierData):
                 f"--vocab-size {self.vocab_size}, --max-len {self.max_len} and --max-tokens "
                 f"{self.max_tokens} must be positive (a vocabulary of at least 8, 2 subwords)"
             )
-        if not 0.0 <= self.word_dropout < 1.0:
-            raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
+        check_chances(self, "word_dropout")
         self.check_pretraining()
 
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from qkv.config import ModelConfig, option
+from qkv.config import ModelConfig, check_chances, option
 from qkv.data import PAD_ID
 from qkv.errors import InputError
 from qkv.jobs.base import ENCODER_OPTIONS, Job, JobSettings
@@ -149,10 +149,7 @@ class TaggerSettings(PretrainOptions, TaggerData):
         if not self.char_widths or any(w < 1 or w % 2 == 0 for w in self.char_widths):
             widths = " ".join(map(str, self.char_widths)) or "(none)"
             raise InputError(f"--char-widths {widths}: each width must be odd and positive")
-        if not 0 <= self.token_dropout < 1:
-            raise InputError(f"--token-dropout {self.token_dropout} must be in [0, 1)")
-        if not 0 <= self.word_dropout < 1:
-            raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
+        check_chances(self, "token_dropout", "word_dropout")
         if self.rare_word_dropout < 0:
             raise InputError(f"--rare-word-dropout {self.rare_word_dropout} must be 0 or more")
         for name in self.aux_tags:

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from qkv.config import ModelConfig, option
+from qkv.config import ModelConfig, check_chances, option
 from qkv.data import PAD_ID, SubwordTokenizer
 from qkv.errors import InputError
 from qkv.jobs.base import ENCODER_DECODER_OPTIONS, Job, JobSettings
@@ -61,10 +61,7 @@ class TranslationSettings(JobSettings):
                 f"--vocab-size {self.vocab_size}, --max-len {self.max_len} and --max-tokens "
                 f"{self.max_tokens} must be positive (a vocabulary of at least 8)"
             )
-        if not 0 <= self.bpe_dropout < 1:
-            raise InputError(f"--bpe-dropout {self.bpe_dropout} must be in [0, 1)")
-        if not 0 <= self.word_dropout < 1:
-            raise InputError(f"--word-dropout {self.word_dropout} must be in [0, 1)")
+        check_chances(self, "bpe_dropout", "word_dropout")
 
 
 class TranslationJob(Job):
