@@ -92,3 +92,20 @@ def test_word_dropout_hides_source_subwords_from_the_training_model_only():
         else:
             assert (src[changed] == UNK_ID).all() and changed.any()
             assert changed.sum() < 0.7 * (batch.src > UNK_ID).sum()
+
+
+def test_validation_sees_every_source_subword_whatever_the_word_dropout():
+    from qkv import Transformer
+
+    from ..helpers import tiny_model_config
+
+    pairs = tiny_pairs(n_train=60)["train"]
+    tokenizer = SubwordTokenizer.train([side for pair in pairs for side in pair], 200)
+    v = tokenizer.vocab_size
+    model = Transformer(tiny_model_config(src_vocab_size=v, tgt_vocab_size=v)).eval()
+    scores = []
+    for chance in (0.0, 0.9):
+        task = TranslationTask(tokenizer, pairs, pairs[:6], 4000, 0.1, word_dropout=chance)
+        torch.manual_seed(0)
+        scores.append(task.validate(model))
+    assert scores[0] == scores[1] and scores[0]["loss"] > 0
