@@ -159,9 +159,10 @@ def train_section(args: argparse.Namespace, tokenizer: SubwordTokenizer, pairs, 
     need = args.warmup + args.rounds * args.steps
     batches = [all_batches[i % len(all_batches)] for i in range(need)]
     real = [int(b.src.ne(PAD_ID).sum()) + b.n_tokens for b in batches]
-    precision = choose_precision("auto", torch.device("cpu"))
-    bf16 = precision.precision == "bf16"
     models = trainees(task, tokenizer.vocab_size)
+    # As the trainer decides: by timing this model's own linear layers, not a square matmul.
+    precision = choose_precision("auto", torch.device("cpu"), model=models["qkv"].module)
+    bf16 = precision.precision == "bf16"
     for model in models.values():
         for batch in batches[: args.warmup]:
             model.step(batch, bf16)
