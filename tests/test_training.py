@@ -270,3 +270,16 @@ def test_the_kept_weights_are_the_best_validated_with_ties_to_the_lower_loss(tmp
         model.state_dict().items(), expected.state_dict().items(), strict=True
     ):
         assert torch.equal(a, b), name
+
+
+def test_the_validations_after_the_loop_are_marked_and_only_the_average_leaves_the_curve(
+    tmp_path,
+):
+    from qkv.viz.curves import read_metrics as curve_series
+
+    run = tmp_path / "marked"
+    train(run, max_steps=5, eval_every=2, average_last=3)  # stops off a validation step
+    after = [(r["step"], r["note"]) for r in read_metrics(run) if r["note"]]
+    assert after == [("5", "final"), ("5", "averaged")]
+    steps = [step for step, _ in curve_series(run / ckpt.METRICS)["val_loss"]]
+    assert steps == [2.0, 4.0, 5.0]  # the last step's own weights end the curve

@@ -37,6 +37,9 @@ LAST_WEIGHTS = "last.safetensors"
 STATE = "state.pt"
 LOOP_BEST = "checkpoints/loop_best.safetensors"  # set aside while a finished run's average wins
 METRICS = "metrics.csv"
+# metrics.csv notes of the validations after the loop stopped: the last step's own weights and
+# the last checkpoints averaged. A resume drops these rows; the loop validates again.
+AFTER_LOOP = ("final", "averaged")
 STATE_KEYS = {"step", "epoch", "batch_index", "model", "optimizer", "scheduler", "rng"}
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -181,7 +184,7 @@ class MetricsLog:
             "skipped_steps",
             "val_loss",
             *[f"val_{m}" for m in metric_names if m != "loss"],
-            "note",  # "final": a validation after the loop stopped (dropped by a resume)
+            "note",  # empty in the loop; after it, one of AFTER_LOOP
         ]
         self.started = False
 
@@ -197,7 +200,7 @@ class MetricsLog:
                 rows = [{}]  # reported below
             for row in rows:
                 try:
-                    if int(row["step"]) <= step and row.get("note") != "final":
+                    if int(row["step"]) <= step and row.get("note") not in AFTER_LOOP:
                         kept.append(row)
                 except (KeyError, TypeError, ValueError):
                     raise InputError(

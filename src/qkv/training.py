@@ -461,8 +461,8 @@ class Trainer:
             release_freed_memory()
         return broadcast_flag(stop, self.world, self.device)
 
-    def _validate(self, final: bool = False) -> dict[str, float]:
-        """Validate and log; ``final``: after the loop stopped (a row marked final)."""
+    def _validate(self, note: str = "") -> dict[str, float]:
+        """Validate and log; ``note`` marks a row after the loop stopped (``ckpt.AFTER_LOOP``)."""
         self.model.eval()
         with torch.no_grad(), self._autocast():
             metrics = self.task.validate(self.model)
@@ -473,7 +473,7 @@ class Trainer:
                 "epoch": self.epoch,
                 "elapsed_s": f"{self.elapsed():.1f}",
                 **{f"val_{k}": f"{v:.4f}" for k, v in metrics.items()},
-                "note": "final" if final else "",
+                "note": note,
             }
         )
         if self.tensorboard:
@@ -565,10 +565,11 @@ class Trainer:
         """Checkpoint where the loop stopped, then give the user the best weights it can.
 
         The steps since the last validation are validated and the last checkpoints averaged;
-        either replaces model.safetensors if it validates better. These "final" validations
-        are outside the loop: the resume state is saved before them, their metrics.csv rows
-        are marked ``final``, and a resume puts the loop's own best weights back, so that a
-        run stopped and resumed continues exactly as if it had never stopped.
+        either replaces model.safetensors if it validates better. These validations are
+        outside the loop: the resume state is saved before them, their metrics.csv rows are
+        marked ``final`` (the last step's own weights) and ``averaged``, and a resume drops
+        them and puts the loop's own best weights back, so that a run stopped and resumed
+        continues exactly as if it had never stopped.
         """
         final_best = (self.best, self.best_loss)
         if self.step % self.config.eval_every != 0:
@@ -576,12 +577,12 @@ class Trainer:
             optimizer_state = self.parallel.optimizer_state(self.optimizer)
             if self.is_main:
                 self._save_resume_state(optimizer_state)
-                final_best = self._keep_if_better(self._validate(final=True), final_best)
+                final_best = self._keep_if_better(self._validate("final"), final_best)
         averaged = False
         if self.is_main and len(self.saved) > 1:
             ckpt.average_weights(self.saved, self.model)
             before = final_best
-            final_best = self._keep_if_better(self._validate(final=True), final_best)
+            final_best = self._keep_if_better(self._validate("averaged"), final_best)
             averaged = final_best != before
         if self.world > 1:  # every rank reports the same summary
             shared = [final_best, averaged]

@@ -32,8 +32,8 @@ def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
         raise InputError(f"{path}: no metric rows; train for at least --log-every steps")
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        if row.get("note") == "final":  # after the loop (the averaged checkpoints): no curve
-            continue
+        if row.get("note") == "averaged":  # the last checkpoints averaged: not a point of the
+            continue  # curve ("final", the last step's own weights, is)
         for column, value in row.items():
             if column in ("step", "epoch", "elapsed_s", "note") or value in ("", None):
                 continue
