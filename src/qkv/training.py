@@ -476,11 +476,12 @@ class Trainer:
                 "note": note,
             }
         )
-        if self.tensorboard:
+        if self.tensorboard and note != "averaged":  # as the curves: the average is no point
             for k, v in metrics.items():
                 self.tensorboard.add_scalar(f"val/{k}", v, self.step)
         self.progress.write(
-            f"step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            f"step {self.step}{f' ({note})' if note else ''}: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         )
         return metrics
 
