@@ -47,3 +47,16 @@ def test_plot_mistakes_are_one_clear_line(tmp_path, capsys, argv, message):
     assert qkv("plot", *[a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("qkv: error: ") and message in err
+
+
+def test_curves_leave_out_the_averaged_checkpoints_in_old_and_new_run_folders(tmp_path):
+    header = "step,train_loss,val_loss,note\n"
+    layouts = {
+        "marked": "2,3.0,,\n2,,2.5,\n3,,2.4,final\n3,,2.3,averaged\n",
+        "old, stopped off a validation step": "2,3.0,,\n2,,2.5,\n3,,2.4,final\n3,,2.3,final\n",
+        "old, stopped on a validation step": "2,3.0,,\n2,,2.5,\n4,,2.4,\n4,,2.3,final\n",
+    }
+    for i, (name, rows) in enumerate(layouts.items()):
+        path = tmp_path / f"metrics{i}.csv"
+        path.write_text(header + rows)
+        assert [v for _, v in read_metrics(path)["val_loss"]] == [2.5, 2.4], name

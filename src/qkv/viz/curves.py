@@ -31,9 +31,17 @@ def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
     if not rows or "step" not in rows[0]:
         raise InputError(f"{path}: no metric rows; train for at least --log-every steps")
     series: dict[str, list[tuple[float, float]]] = {}
+    validated: set[str] = set()  # steps with a validation row already
     for row in rows:
-        if row.get("note") == "averaged":  # the last checkpoints averaged: not a point of the
-            continue  # curve ("final", the last step's own weights, is)
+        # The last checkpoints averaged are no point of the curve; the last step's own weights
+        # ("final") are. Runs before the "averaged" mark wrote "final" for both, the average
+        # second or alone at a step validated in the loop: a step's first validation counts.
+        if row.get("note") == "averaged" or (
+            row.get("note") == "final" and row.get("step") in validated
+        ):
+            continue
+        if any(column.startswith("val_") and value for column, value in row.items()):
+            validated.add(row.get("step"))
         for column, value in row.items():
             if column in ("step", "epoch", "elapsed_s", "note") or value in ("", None):
                 continue
