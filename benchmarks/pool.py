@@ -68,17 +68,9 @@ def pool(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def table(pooled: dict[str, Any]) -> str:
     """One line per pooled figure: its keys, mean ± sd and the values."""
     lines = [f"{pooled['benchmark']}, seeds {', '.join(map(str, pooled['seeds']))}"]
-
-    def walk(node: dict[str, Any], path: tuple[str, ...]) -> None:
-        for key, value in node.items():
-            if SUMMARY_KEYS <= value.keys():
-                values = ", ".join(f"{v:.2f}" for v in value["values"])
-                name = " ".join((*path, key))
-                lines.append(f"  {name}: {value['mean']:.2f} ± {value['sd']:.2f} ({values})")
-            else:
-                walk(value, (*path, key))
-
-    walk(pooled["figures"], ())
+    for path, figure in summaries(pooled["figures"]):
+        values = ", ".join(f"{v:.2f}" for v in figure["values"])
+        lines.append(f"  {' '.join(path)}: {figure['mean']:.2f} ± {figure['sd']:.2f} ({values})")
     return "\n".join(lines)
 
 

@@ -39,7 +39,8 @@ LOOP_BEST = "checkpoints/loop_best.safetensors"  # set aside while a finished ru
 METRICS = "metrics.csv"
 # metrics.csv notes of the validations after the loop stopped: the last step's own weights and
 # the last checkpoints averaged. A resume drops these rows; the loop validates again.
-AFTER_LOOP = ("final", "averaged")
+FINAL, AVERAGED = "final", "averaged"
+AFTER_LOOP = (FINAL, AVERAGED)
 STATE_KEYS = {"step", "epoch", "batch_index", "model", "optimizer", "scheduler", "rng"}
 _UMASK = os.umask(0)
 os.umask(_UMASK)

@@ -476,7 +476,7 @@ class Trainer:
                 "note": note,
             }
         )
-        if self.tensorboard and note != "averaged":  # as the curves: the average is no point
+        if self.tensorboard and note != ckpt.AVERAGED:  # as the curves: the average is no point
             for k, v in metrics.items():
                 self.tensorboard.add_scalar(f"val/{k}", v, self.step)
         self.progress.write(
@@ -578,12 +578,12 @@ class Trainer:
             optimizer_state = self.parallel.optimizer_state(self.optimizer)
             if self.is_main:
                 self._save_resume_state(optimizer_state)
-                final_best = self._keep_if_better(self._validate("final"), final_best)
+                final_best = self._keep_if_better(self._validate(ckpt.FINAL), final_best)
         averaged = False
         if self.is_main and len(self.saved) > 1:
             ckpt.average_weights(self.saved, self.model)
             before = final_best
-            final_best = self._keep_if_better(self._validate("averaged"), final_best)
+            final_best = self._keep_if_better(self._validate(ckpt.AVERAGED), final_best)
             averaged = final_best != before
         if self.world > 1:  # every rank reports the same summary
             shared = [final_best, averaged]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from qkv import checkpoint as ckpt
 from qkv.embeddings import sinusoid_table
 from qkv.errors import InputError
 from qkv.viz.heatmaps import LABEL
@@ -36,9 +37,8 @@ def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
         # The last checkpoints averaged are no point of the curve; the last step's own weights
         # ("final") are. Runs before the "averaged" mark wrote "final" for both, the average
         # second or alone at a step validated in the loop: a step's first validation counts.
-        if row.get("note") == "averaged" or (
-            row.get("note") == "final" and row.get("step") in validated
-        ):
+        note = row.get("note")
+        if note == ckpt.AVERAGED or (note == ckpt.FINAL and row.get("step") in validated):
             continue
         if any(column.startswith("val_") and value for column, value in row.items()):
             validated.add(row.get("step"))
