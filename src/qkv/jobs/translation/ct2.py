@@ -32,8 +32,8 @@ from qkv.model import Transformer
 from qkv.precision import cpu_features
 from qkv.viz.attention import RunAttention
 
-# The tests' trained translator lost 5-6 BLEU in int8 against float32 on an AVX2-only CPU (within
-# 0.5 on CPUs with AVX-512): CTranslate2's AVX2 int8 products lose precision.
+# The tests' trained translator lost 5-6 BLEU in int8 against float32 on an AVX2-only CPU, the
+# same with CTranslate2's generic ISA or without MKL (within 0.5 on CPUs with AVX-512).
 INT8_WITHOUT_AVX512 = (
     "int8 on a CPU without AVX-512 can cost several BLEU against float32 here; "
     "--compute-type float32 keeps the exported model's quality"
@@ -83,7 +83,7 @@ class CTranslate2Translator(Translator):
                 f"{self.folder}: CTranslate2 cannot load this model ({error})"
             ) from None
         if self.engine.compute_type.startswith("int8") and not int8_kernels_exact():
-            print(f"qkv: warning: {INT8_WITHOUT_AVX512}", file=sys.stderr)
+            print(f"qkv: {INT8_WITHOUT_AVX512}", file=sys.stderr)
 
     @classmethod
     def from_export(
