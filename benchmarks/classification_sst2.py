@@ -87,6 +87,7 @@ def qkv_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         seed,
         "--out",
         run,
+        *args.train_options,
         threads=args.threads,
     )
     summary = harness.read_summary(run)

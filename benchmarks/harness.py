@@ -113,7 +113,8 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 
 def common_arguments(parser, budget_seconds: float, seeds: int = 1) -> None:
-    """--seconds, --seeds, --first-seed, --allow-busy, --threads: every benchmark's options."""
+    """--seconds, --seeds, --first-seed, --allow-busy, --threads, --train-options: every
+    benchmark's options."""
     parser.add_argument(
         "--seconds", type=float, default=budget_seconds, help="wall-clock training budget"
     )
@@ -134,4 +135,12 @@ def common_arguments(parser, budget_seconds: float, seeds: int = 1) -> None:
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: all cores)"
+    )
+    parser.add_argument(
+        "--train-options",
+        type=shlex.split,
+        default=[],
+        metavar="'OPTIONS'",
+        help="more options for qkv's `qkv train`, in one quoted string, e.g. '--max-tokens 1600': "
+        "a candidate recipe measured before it becomes the default (default: none)",
     )

@@ -141,6 +141,7 @@ def run_qkv(args: argparse.Namespace, seed: int, test, counts: Counter[str]) -> 
         "--train", args.data / TRAIN, "--valid", args.data / DEV,
         "--unlabeled", args.data.parent / UNLABELED,
         "--max-time", args.seconds, "--seed", seed, "--out", run, "--force",
+        *args.train_options,
         threads=args.threads,
     )  # fmt: skip
     start = time.monotonic()

@@ -69,6 +69,7 @@ def run_qkv(args: argparse.Namespace, seed: int, test) -> dict[str, Any]:
         "--train", args.data / "train", "--valid", args.data / "val",
         "--source-lang", "de", "--target-lang", "en",
         "--max-time", args.seconds, "--seed", seed, "--out", run, "--force",
+        *args.train_options,
     )  # fmt: skip
     sources, references = test
     scores = {}

@@ -74,6 +74,7 @@ def run_qkv(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     run = args.out / f"qkv-seed{seed}"
     command, seconds = harness.qkv(
         "train", "vit", "--max-time", f"{args.seconds:g}", "--seed", seed, "--out", run, "--force",
+        *args.train_options,
         threads=args.threads,
     )  # fmt: skip
     scores = ImageClassifier.load(run).evaluate_data(None, None)
