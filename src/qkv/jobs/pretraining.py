@@ -1,10 +1,17 @@
-"""Pretraining an encoder as a masked language model, for the encoder-only jobs.
+"""Pretraining an encoder on unlabeled text, for the encoder-only jobs.
 
 The classifier and the tagger can first train their encoder to predict hidden subwords of
 their training text and of unlabeled text (``--unlabeled``), for ``--pretrain-share`` of the
 ``--max-time`` budget (or ``--pretrain-steps``/``--pretrain-time``), in a run folder of its
 own, ``<out>/pretrain``; or start from the encoder an earlier run pretrained
 (``--pretrained RUN``). The encoder is then copied into the job's model and fine-tuned.
+
+Two objectives (``--pretrain-objective``): ``mlm``, the masked language model (BERT, Devlin et
+al. 2019): predict the hidden subwords; and ``electra``, replaced-token detection (ELECTRA,
+Clark et al. 2020): a one-layer masked language model, the generator, fills the hidden
+positions with subwords it samples, and the encoder learns to tell for every subword whether it
+is the text's own. The encoder so learns from every position of a text, not only from the
+hidden 15%.
 
 The ``<mask>`` token is one id past the tokenizer's vocabulary, so the job's embedding table
 has that one extra row and takes the pretrained weights as they are.
@@ -34,6 +41,9 @@ from qkv.model import EncoderModel
 from qkv.training import TrainConfig, Trainer
 
 PRETRAIN_DIR = "pretrain"
+OBJECTIVES = ("mlm", "electra")
+GENERATOR_LAYERS = 1  # ELECTRA's generator: a smaller model than the encoder learns best
+DETECTION_WEIGHT = 50.0  # ELECTRA's weight of the detection loss against the generator's
 IGNORE = -100  # cross_entropy's ignore_index: a position with nothing to predict
 CONLLU_TEXT = "# text = "  # the comment line holding a CoNLL-U sentence's raw text
 
@@ -81,6 +91,12 @@ class PretrainOptions:
         "start from the vocabulary and pretrained encoder of an earlier run that pretrained "
         "(e.g. another seed)",
         metavar="RUN",
+    )
+    pretrain_objective: str = option(
+        "mlm",
+        "mlm: predict hidden subwords; electra: tell which subwords a small masked language "
+        "model replaced, at every position",
+        choices=OBJECTIVES,
     )
     mask_prob: float = option(0.15, "share of subwords the masked language model predicts")
     # Unlabeled text is plentiful next to the labeled data, so the language model needs less
@@ -236,14 +252,138 @@ class MaskedLMTask:
         return {"loss": total / max(count, 1), "accuracy": 100.0 * right / max(count, 1)}
 
 
+class ReplacedTokenDetector(nn.Module):
+    """ELECTRA: a small masked language model (the generator) fills the hidden positions, and
+    the encoder (the discriminator) with a one-unit head tells at each position "replaced"
+    from "original".
+
+    The generator shares the encoder's token embedding, as in the paper. All of it runs in
+    ``forward``, so that DDP and FSDP see one module.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = EncoderModel(config)
+        self.detect = nn.Linear(config.d_model, 1)
+        small = dataclasses.replace(config, n_encoder_layers=GENERATOR_LAYERS)
+        self.generator = MaskedLanguageModel(small)
+        shared = self.encoder.embed.token.weight
+        self.generator.encoder.embed.token.weight = shared
+        self.generator.output.weight = shared
+
+    def forward(
+        self, inputs: Tensor, targets: Tensor, rng: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Masked ids (B, S) and their targets (B, S), -100 where nothing is hidden ->
+        the generator's logits at the M hidden positions (M, V), the encoder's logit that
+        each position of the generator's text was replaced (B, S), and whether it was (B, S).
+        """
+        chosen = targets != IGNORE  # (B, S)
+        logits = self.generator(inputs, chosen)  # (M, V)
+        text, replaced = inputs.clone(), torch.zeros_like(chosen)
+        if len(logits):
+            with torch.no_grad():  # the sample is data for the encoder, not a gradient path
+                mask_id = self.config.src_vocab_size - 1
+                words = logits.detach().float().clone()
+                words[:, :FIRST_WORD_ID] = float("-inf")  # no special id, no <mask>
+                words[:, mask_id:] = float("-inf")
+                sampled = torch.multinomial(words.softmax(-1).cpu(), 1, generator=rng)
+                sampled = sampled.squeeze(-1).to(inputs.device)  # (M,)
+            text[chosen] = sampled
+            replaced[chosen] = sampled != targets[chosen]
+        return logits, self.detect(self.encoder(text)).squeeze(-1), replaced
+
+
+class ReplacedTokenTask:
+    """ELECTRA's replaced-token detection on unlabeled text, to pretrain the encoder.
+
+    Legend: W words (non-padding positions) of a batch.
+    """
+
+    name = "replaced_token_detection"
+    metric = "accuracy"  # of the generator at the hidden positions: it rises as both learn
+    metric_names = ("loss", "accuracy", "detection_accuracy")
+
+    def __init__(
+        self,
+        train_ids: list[list[int]],
+        valid_ids: list[list[int]],
+        mask_id: int,
+        max_tokens: int,
+        mask_prob: float = 0.15,
+    ) -> None:
+        self.masked = MaskedLMTask(train_ids, valid_ids, mask_id, max_tokens, mask_prob)
+        self.valid_ids, self.mask_id = valid_ids, mask_id
+        self.max_tokens, self.mask_prob = max_tokens, mask_prob
+
+    def train_batches(self, epoch: int, seed: int) -> list[Tensor]:
+        return self.masked.train_batches(epoch, seed)
+
+    def losses(
+        self, model: nn.Module, batch: Tensor, rng: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
+        """Sums over ``batch`` (B, S): the generator's cross-entropy and right guesses at the
+        hidden positions, the encoder's detection loss and right calls at every word."""
+        inputs, targets = mask_tokens(batch, self.mask_id, self.mask_prob, rng)
+        logits, scores, replaced = model(inputs, targets, rng)  # (M, V), (B, S), (B, S)
+        hidden = targets[targets != IGNORE]  # (M,)
+        words = batch != PAD_ID  # (B, S)
+        scores, replaced = scores[words].float(), replaced[words]  # (W,)
+        return {
+            "generator": smoothed_cross_entropy(logits, hidden),
+            "detection": F.binary_cross_entropy_with_logits(
+                scores, replaced.float(), reduction="sum"
+            ),
+            "hidden": torch.tensor(len(hidden)),
+            "right": (logits.argmax(-1) == hidden).sum(),
+            "detected": ((scores > 0) == replaced).sum(),
+            "words": words.sum(),
+        }
+
+    def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, int]:
+        """The generator's mean cross-entropy plus 50 times the encoder's mean detection loss."""
+        parts = self.losses(model, batch)
+        words = int(parts["words"])
+        hidden = max(int(parts["hidden"]), 1)
+        loss = parts["generator"] / hidden + DETECTION_WEIGHT * parts["detection"] / words
+        return loss, words
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        """Both losses and accuracies on the same hidden positions at every validation."""
+        rng = torch.Generator().manual_seed(0)
+        device = next(model.parameters()).device
+        sums = dict.fromkeys(
+            ("generator", "detection", "hidden", "right", "detected", "words"), 0.0
+        )
+        lengths = [len(s) for s in self.valid_ids]
+        for b in token_batches(lengths, self.max_tokens, shuffle=False, seed=0):
+            src = pad_batch([self.valid_ids[i] for i in b], PAD_ID).to(device)  # (B, S)
+            for name, value in self.losses(model, src, rng).items():
+                sums[name] += float(value)
+        hidden, words = max(sums["hidden"], 1.0), max(sums["words"], 1.0)
+        return {
+            "loss": sums["generator"] / hidden + DETECTION_WEIGHT * sums["detection"] / words,
+            "accuracy": 100.0 * sums["right"] / hidden,
+            "detection_accuracy": 100.0 * sums["detected"] / words,
+        }
+
+
 # ---------------------------------------------------------------- pretraining a job's encoder
 
 
+MODELS: dict[str, Callable[[ModelConfig], nn.Module]] = {
+    MaskedLMTask.name: MaskedLanguageModel,
+    ReplacedTokenTask.name: ReplacedTokenDetector,
+}
+
+
 def load_encoder(encoder: EncoderModel, weights: Path) -> None:
-    """Copy into ``encoder`` that of the masked language model saved at ``weights``."""
-    language_model = MaskedLanguageModel(encoder.config)
-    ckpt.load_weights(language_model, weights)
-    encoder.load_state_dict(language_model.encoder.state_dict())
+    """Copy into ``encoder`` that of the pretraining model saved at ``weights``."""
+    task = ckpt.read_run_config(Path(weights).parent).get("task", MaskedLMTask.name)
+    pretrained = MODELS[task](encoder.config)
+    ckpt.load_weights(pretrained, weights)
+    encoder.load_state_dict(pretrained.encoder.state_dict())
 
 
 def pretrained_weights(run: str | Path) -> Path:
@@ -331,13 +471,14 @@ def pretrain_encoder(
         budget,
     )
     sizes = dataclasses.replace(encoder.config, dropout=settings.pretrain_dropout)
-    language_model = MaskedLanguageModel(sizes)
     mask_id = sizes.src_vocab_size - 1  # one past the tokenizer's ids
-    task = MaskedLMTask(
+    make_task = ReplacedTokenTask if settings.pretrain_objective == "electra" else MaskedLMTask
+    task = make_task(
         texts, valid, mask_id, settings.pretrain_max_tokens or max_tokens, settings.mask_prob
     )
-    run_config = {"task": "masked_lm", "model": sizes.to_dict()}
-    summary = Trainer(task, language_model, config, run_config, device=device).fit()
+    model = MODELS[task.name](sizes)
+    run_config = {"task": task.name, "model": sizes.to_dict()}
+    summary = Trainer(task, model, config, run_config, device=device).fit()
     load_encoder(encoder, Path(config.out) / ckpt.WEIGHTS)
     if max_time is None:
         return {"pretraining": summary}
