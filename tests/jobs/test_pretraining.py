@@ -10,7 +10,13 @@ from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.data import FIRST_WORD_ID, PAD_ID
 from qkv.jobs.classification import JOB, ClassifierSettings
-from qkv.jobs.pretraining import IGNORE, ReplacedTokenDetector, ReplacedTokenTask, mask_tokens
+from qkv.jobs.pretraining import (
+    IGNORE,
+    ReplacedTokenDetector,
+    ReplacedTokenTask,
+    mask_tokens,
+    sample_words,
+)
 
 from ..helpers import assert_starts_from_pretrained
 
@@ -29,6 +35,22 @@ def texts(n: int, seed: int) -> list[list[int]]:
                  for i in range(length)]  # fmt: skip
         rows.append([1, *words, 2])
     return rows
+
+
+def test_sampled_words_follow_the_softmax_as_torch_multinomial_draws_them():
+    n = 40_000
+    logits = torch.tensor([[5.0, 1.0, 0.5, 2.0, -1.0, 0.0, 9.0]]).repeat(n, 1)  # (n, 7)
+    ids = sample_words(logits, 2, 6, torch.Generator().manual_seed(0))  # ids 2-5 only
+    assert ids.shape == (n,) and ids.min() >= 2 and ids.max() <= 5
+    expected = logits[0, 2:6].softmax(-1)
+    reference = torch.multinomial(expected, n, True, generator=torch.Generator().manual_seed(1))
+    for drawn in (ids - 2, reference):
+        torch.testing.assert_close(
+            torch.bincount(drawn, minlength=4) / n, expected, atol=0.01, rtol=0
+        )
+    # an id of probability 0 is never drawn, even at the ends of the range
+    logits[:, 2] = logits[:, 5] = float("-inf")
+    assert set(sample_words(logits, 2, 6, torch.Generator().manual_seed(2)).tolist()) == {3, 4}
 
 
 def test_the_generator_is_smaller_and_shares_the_encoders_embedding():
