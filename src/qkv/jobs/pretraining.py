@@ -308,8 +308,9 @@ class ReplacedTokenDetector(nn.Module):
         return logits, self.detect(self.encoder(text)).squeeze(-1), replaced
 
 
-class ReplacedTokenTask:
-    """ELECTRA's replaced-token detection on unlabeled text, to pretrain the encoder.
+class ReplacedTokenTask(MaskedLMTask):
+    """ELECTRA's replaced-token detection on unlabeled text, to pretrain the encoder: the
+    masked language model's texts and batches, the generator's and the encoder's losses.
 
     Legend: W words (non-padding positions) of a batch.
     """
@@ -317,21 +318,6 @@ class ReplacedTokenTask:
     name = "replaced_token_detection"
     metric = "accuracy"  # of the generator at the hidden positions: it rises as both learn
     metric_names = ("loss", "accuracy", "detection_accuracy")
-
-    def __init__(
-        self,
-        train_ids: list[list[int]],
-        valid_ids: list[list[int]],
-        mask_id: int,
-        max_tokens: int,
-        mask_prob: float = 0.15,
-    ) -> None:
-        self.masked = MaskedLMTask(train_ids, valid_ids, mask_id, max_tokens, mask_prob)
-        self.valid_ids, self.mask_id = valid_ids, mask_id
-        self.max_tokens, self.mask_prob = max_tokens, mask_prob
-
-    def train_batches(self, epoch: int, seed: int) -> list[Tensor]:
-        return self.masked.train_batches(epoch, seed)
 
     def losses(
         self, model: nn.Module, batch: Tensor, rng: torch.Generator | None = None
