@@ -152,13 +152,14 @@ def assert_starts_from_pretrained(job, settings, run: Path, pretrained: Path, en
     import torch
 
     from qkv.checkpoint import load_weights, read_run_config
-    from qkv.jobs.pretraining import MODELS
+    from qkv.jobs.pretraining import pretraining_model
 
     sizes = json.loads((run / "config.json").read_text())["model"]
     prepared = job.load_prepared(settings, run)
     model = job.build_model(ModelConfig.from_dict(sizes), settings, prepared)
     assert job.before_fit(model, settings, prepared, None, None) == {"pretraining": None}
-    language_model = MODELS[read_run_config(pretrained / "pretrain")["task"]](model.config)
+    task = read_run_config(pretrained / "pretrain")["task"]
+    language_model = pretraining_model(task, model.config)
     load_weights(language_model, pretrained / "pretrain" / "model.safetensors")
     for name, value in language_model.encoder.state_dict().items():
         torch.testing.assert_close(encoder_of(model).state_dict()[name], value)

@@ -208,6 +208,7 @@ class MaskedLMTask:
     """Masked language modelling on unlabeled text, to pretrain the encoder."""
 
     name = "masked_lm"
+    model_class: type[nn.Module] = MaskedLanguageModel  # the model it trains
     metric = "accuracy"  # of the masked tokens
     metric_names = ("loss", "accuracy")
 
@@ -235,14 +236,18 @@ class MaskedLMTask:
         loss = smoothed_cross_entropy(logits, targets[chosen])  # fp32 whatever the logits
         return loss / max(int(chosen.sum()), 1), int((batch != PAD_ID).sum())
 
+    def valid_batches(self) -> list[Tensor]:
+        """The validation texts in padded batches (B, S), the same at every validation."""
+        lengths = [len(s) for s in self.valid_ids]
+        batches = token_batches(lengths, self.max_tokens, shuffle=False, seed=0)
+        return [pad_batch([self.valid_ids[i] for i in b], PAD_ID) for b in batches]
+
     def validate(self, model: nn.Module) -> dict[str, float]:
         """Loss and accuracy on the same masked positions at every validation."""
         generator = torch.Generator().manual_seed(0)
         device = next(model.parameters()).device
         total, right, count = 0.0, 0, 0
-        lengths = [len(s) for s in self.valid_ids]
-        for b in token_batches(lengths, self.max_tokens, shuffle=False, seed=0):
-            src = pad_batch([self.valid_ids[i] for i in b], PAD_ID)  # (B, S)
+        for src in self.valid_batches():  # (B, S)
             inputs, targets = mask_tokens(src, self.mask_id, self.mask_prob, generator)
             chosen = targets != IGNORE  # (B, S)
             logits = model(inputs.to(device), chosen.to(device)).float().cpu()  # (M, V)
@@ -262,7 +267,7 @@ def sample_words(logits: Tensor, low: int, high: int, rng: torch.Generator | Non
     Returns:
         ids (M,)
     """
-    words = logits.detach().float()[:, low:high]  # (M, high - low)
+    words = logits.detach()[:, low:high].float()  # (M, high - low)
     cdf = words.softmax(-1).cumsum(-1)  # (M, high - low)
     u = torch.rand(len(cdf), 1, generator=rng).to(cdf.device) * cdf[:, -1:]  # (M, 1), < total
     index = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first id whose cdf exceeds u
@@ -299,10 +304,9 @@ class ReplacedTokenDetector(nn.Module):
         chosen = targets != IGNORE  # (B, S)
         logits = self.generator(inputs, chosen)  # (M, V)
         text, replaced = inputs.clone(), torch.zeros_like(chosen)
-        if len(logits):
-            with torch.no_grad():  # the sample is data for the encoder, not a gradient path
-                mask_id = self.config.src_vocab_size - 1  # no special id, no <mask>
-                sampled = sample_words(logits, FIRST_WORD_ID, mask_id, rng).to(inputs.device)
+        if len(logits):  # the sample is data for the encoder, not a gradient path (detached)
+            mask_id = self.config.src_vocab_size - 1  # no special id, no <mask>
+            sampled = sample_words(logits, FIRST_WORD_ID, mask_id, rng).to(inputs.device)
             text[chosen] = sampled
             replaced[chosen] = sampled != targets[chosen]
         return logits, self.detect(self.encoder(text)).squeeze(-1), replaced
@@ -316,8 +320,8 @@ class ReplacedTokenTask(MaskedLMTask):
     """
 
     name = "replaced_token_detection"
-    metric = "accuracy"  # of the generator at the hidden positions: it rises as both learn
-    metric_names = ("loss", "accuracy", "detection_accuracy")
+    model_class = ReplacedTokenDetector
+    metric_names = ("loss", "accuracy", "detection_accuracy")  # accuracy: the generator's
 
     def losses(
         self, model: nn.Module, batch: Tensor, rng: torch.Generator | None = None
@@ -354,10 +358,8 @@ class ReplacedTokenTask(MaskedLMTask):
         sums = dict.fromkeys(
             ("generator", "detection", "hidden", "right", "words", "detected"), 0.0
         )
-        lengths = [len(s) for s in self.valid_ids]
-        for b in token_batches(lengths, self.max_tokens, shuffle=False, seed=0):
-            src = pad_batch([self.valid_ids[i] for i in b], PAD_ID).to(device)  # (B, S)
-            parts = self.losses(model, src, rng)
+        for src in self.valid_batches():  # (B, S)
+            parts = self.losses(model, src.to(device), rng)
             sums["generator"] += float(parts["generator"])
             sums["detection"] += float(parts["detection"])
             sums["hidden"] += len(parts["hidden"])
@@ -375,16 +377,18 @@ class ReplacedTokenTask(MaskedLMTask):
 # ---------------------------------------------------------------- pretraining a job's encoder
 
 
-MODELS: dict[str, Callable[[ModelConfig], nn.Module]] = {
-    MaskedLMTask.name: MaskedLanguageModel,
-    ReplacedTokenTask.name: ReplacedTokenDetector,
-}
+TASKS = dict(zip(OBJECTIVES, (MaskedLMTask, ReplacedTokenTask), strict=True))
+
+
+def pretraining_model(task: str, config: ModelConfig) -> nn.Module:
+    """The model that a pretraining run of ``task`` (its config.json's ``task``) trains."""
+    return next(t for t in TASKS.values() if t.name == task).model_class(config)
 
 
 def load_encoder(encoder: EncoderModel, weights: Path) -> None:
     """Copy into ``encoder`` that of the pretraining model saved at ``weights``."""
-    task = ckpt.read_run_config(Path(weights).parent).get("task", MaskedLMTask.name)
-    pretrained = MODELS[task](encoder.config)
+    task = ckpt.read_run_config(Path(weights).parent)["task"]
+    pretrained = pretraining_model(task, encoder.config)
     ckpt.load_weights(pretrained, weights)
     encoder.load_state_dict(pretrained.encoder.state_dict())
 
@@ -475,11 +479,10 @@ def pretrain_encoder(
     )
     sizes = dataclasses.replace(encoder.config, dropout=settings.pretrain_dropout)
     mask_id = sizes.src_vocab_size - 1  # one past the tokenizer's ids
-    make_task = ReplacedTokenTask if settings.pretrain_objective == "electra" else MaskedLMTask
-    task = make_task(
+    task = TASKS[settings.pretrain_objective](
         texts, valid, mask_id, settings.pretrain_max_tokens or max_tokens, settings.mask_prob
     )
-    model = MODELS[task.name](sizes)
+    model = task.model_class(sizes)
     run_config = {"task": task.name, "model": sizes.to_dict()}
     summary = Trainer(task, model, config, run_config, device=device).fit()
     load_encoder(encoder, Path(config.out) / ckpt.WEIGHTS)
