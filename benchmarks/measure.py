@@ -12,13 +12,18 @@ from typing import Any
 import torch
 
 from qkv.launch import cpu_cores
-from qkv.precision import cpu_features
+from qkv.precision import cpu_features, cpu_generation
 
 
 def cpu_info() -> dict[str, Any]:
-    """The processor's name and the bf16 features that decide whether bf16 runs in hardware."""
+    """The processor's name and generation (two of one name may differ in speed), and the bf16
+    features that decide whether bf16 runs in hardware."""
     model, flags = cpu_features()
-    return {"processor": model, **{flag: flag in flags for flag in ("amx_bf16", "avx512_bf16")}}
+    return {
+        "processor": model,
+        "cpu_generation": cpu_generation(),
+        **{flag: flag in flags for flag in ("amx_bf16", "avx512_bf16")},
+    }
 
 
 def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:

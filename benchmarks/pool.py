@@ -23,6 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import mean_sd, write_report
 
 SUMMARY_KEYS = {"values", "mean", "sd", "n"}
+# What makes two machines one for a benchmark's figures: the same processor (name and
+# generation), bf16 features, cores and torch. The load average and threads may differ.
+MACHINE_KEYS = ("processor", "cpu_generation", "amx_bf16", "avx512_bf16", "cpu_count", "torch")
 
 
 def summaries(report: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict]]:
@@ -41,12 +44,29 @@ def run_seeds(report: dict[str, Any]) -> list[int]:
     return [run["seed"] for run in report.get("runs", [])]
 
 
-def pool(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures of several results JSONs of one benchmark, each seed once, pooled."""
+def machine_of(report: dict[str, Any]) -> str:
+    """The machine a results JSON ran on, as ``MACHINE_KEYS``; an entry it lacks is "?"."""
+    machine = report.get("machine", {})
+    return ", ".join(f"{key} {machine.get(key, '?')}" for key in MACHINE_KEYS)
+
+
+def pool(reports: list[dict[str, Any]], mixed_machines: bool = False) -> dict[str, Any]:
+    """The figures of several results JSONs of one benchmark, each seed once, pooled.
+
+    Seeds run on different machines (or on machines that cannot be told apart, where one
+    JSON lacks an entry another has) are refused unless ``mixed_machines``: a faster machine
+    trains more steps in the same budget, so its figures are not the same measurement.
+    """
     reports = sorted(reports, key=lambda report: run_seeds(report)[:1])  # by their first seed
     names = {report.get("benchmark") for report in reports}
     if len(names) != 1:
         raise SystemExit(f"these are different benchmarks: {', '.join(sorted(map(str, names)))}")
+    machines = sorted({machine_of(report) for report in reports})
+    if len(machines) > 1 and not mixed_machines:
+        raise SystemExit(
+            f"these ran on different machines ({'; '.join(machines)}); "
+            "pass --mixed-machines to pool them anyway"
+        )
     seen: list[int] = []
     for report in reports:
         for seed in run_seeds(report):
@@ -62,7 +82,7 @@ def pool(reports: list[dict[str, Any]]) -> dict[str, Any]:
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = mean_sd(values)
-    return {"benchmark": names.pop(), "seeds": seen, "figures": pooled}
+    return {"benchmark": names.pop(), "seeds": seen, "machines": machines, "figures": pooled}
 
 
 def table(pooled: dict[str, Any]) -> str:
@@ -78,6 +98,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path, help="results JSONs, one per seed")
     parser.add_argument("--result", type=Path, help="also write the pooled figures here")
+    parser.add_argument(
+        "--mixed-machines",
+        action="store_true",
+        help="pool seeds run on different machines (the machines are listed in the result)",
+    )
     args = parser.parse_args()
     reports = []
     for path in args.results:
@@ -85,7 +110,7 @@ def main() -> None:
             reports.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as error:
             raise SystemExit(f"{path}: {error}") from None
-    pooled = pool(reports)
+    pooled = pool(reports, args.mixed_machines)
     print(table(pooled))
     if args.result:
         sources = [

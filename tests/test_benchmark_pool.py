@@ -38,6 +38,32 @@ def test_a_seed_in_two_files_or_two_benchmarks_are_refused():
         pool([report(1, 39.0, 40.0), report(2, 94.0, 94.0, benchmark="tagging_ud_ewt")])
 
 
+ZEN4 = {"processor": "AMD EPYC", "cpu_generation": "AuthenticAMD family 25 model 17 stepping 1"}
+ZEN5 = {"processor": "AMD EPYC", "cpu_generation": "AuthenticAMD family 26 model 2 stepping 1"}
+
+
+def test_seeds_from_two_machines_of_one_name_are_refused_unless_asked():
+    first, second = report(1, 39.0, 40.0), report(2, 40.0, 41.0)
+    first["machine"], second["machine"] = (
+        {**ZEN4, "load_average": [0.1]},
+        {**ZEN4, "load_average": [1.9]},
+    )
+    assert pool([first, second])["figures"]["test2016_bleu"]["qkv"]["greedy"]["n"] == 2
+    second["machine"] = ZEN5
+    with pytest.raises(SystemExit, match="different machines.*family 25.*family 26"):
+        pool([first, second])
+    mixed = pool([first, second], mixed_machines=True)
+    assert mixed["figures"]["test2016_bleu"]["qkv"]["greedy"]["values"] == [39.0, 40.0]
+    assert len(mixed["machines"]) == 2
+
+
+def test_a_seed_whose_machine_cannot_be_told_apart_is_refused():
+    first, second = report(1, 39.0, 40.0), report(2, 40.0, 41.0)
+    first["machine"], second["machine"] = {"processor": "AMD EPYC"}, ZEN5  # older: no generation
+    with pytest.raises(SystemExit, match="cpu_generation \\?"):
+        pool([first, second])
+
+
 def test_a_multi_seed_file_pools_with_single_seed_files():
     three = report(1, 0.0, 0.0)
     three["test2016_bleu"]["qkv"]["greedy"] = mean_sd([39.0, 39.5])

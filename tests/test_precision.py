@@ -135,3 +135,38 @@ def test_only_rank_0_measures_and_every_rank_takes_its_choice(bf16_capable, tmp_
     first = shared_precision("auto", CPU, model, rank=0, world=1)
     assert len(timed) == 1 and first.precision == "bf16" and "3.00x" in first.reason
     assert shared_precision("bf16", CPU, model, rank=1, world=1).reason == "--precision bf16"
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: {family}
+model\t\t: {model}
+model name\t: AMD EPYC
+stepping\t: 1
+flags\t\t: fpu avx2 avx512f avx512_bf16
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 99
+model name\t: another
+"""
+
+
+def test_two_processors_of_one_name_are_told_apart_by_their_generation():
+    zen4 = precision.read_cpuinfo(CPUINFO.format(family=25, model=17))
+    zen5 = precision.read_cpuinfo(CPUINFO.format(family=26, model=2))
+    assert zen4["model name"] == zen5["model name"] == "AMD EPYC"  # the first block only
+    assert "avx512_bf16" in zen4["flags"].split()
+    assert precision.cpu_generation(zen4) == "AuthenticAMD family 25 model 17 stepping 1"
+    assert precision.cpu_generation(zen5) == "AuthenticAMD family 26 model 2 stepping 1"
+    assert precision.cpu_generation({"model name": "a CPU without families"}) == ""
+
+
+def test_the_cached_measurement_is_kept_per_processor_generation(monkeypatch):
+    zen4 = precision.read_cpuinfo(CPUINFO.format(family=25, model=17))
+    zen5 = precision.read_cpuinfo(CPUINFO.format(family=26, model=2))
+    keys = []
+    for entries in (zen4, zen5):
+        monkeypatch.setattr(precision, "read_cpuinfo", lambda text=None, e=entries: e)
+        keys.append(machine_key(CPU))
+    assert keys[0] != keys[1] and "family 26" in keys[1] and "avx512_bf16" in keys[1]

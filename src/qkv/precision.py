@@ -58,20 +58,46 @@ def cache_path() -> Path:
     return Path(root) / "precision.json"
 
 
+def read_cpuinfo(text: str | None = None) -> dict[str, str]:
+    """The first processor's entries in /proc/cpuinfo (``text``, where given), by name; empty
+    where there is no such file."""
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+        except OSError:
+            return {}
+    entries: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block ends at the first empty line
+        name, _, value = line.partition(":")
+        entries.setdefault(name.strip(), value.strip())
+    return entries
+
+
 def cpu_features() -> tuple[str, set[str]]:
     """The processor's name and its feature flags (from /proc/cpuinfo where there is one)."""
-    model, flags = platform.processor(), set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    return model, flags
+    entries = read_cpuinfo()
+    return entries.get("model name") or platform.processor(), set(entries.get("flags", "").split())
+
+
+def cpu_generation(entries: dict[str, str] | None = None) -> str:
+    """Vendor, family, model and stepping (``read_cpuinfo``'s, by default), e.g.
+    ``AuthenticAMD family 26 model 2 stepping 1``; empty where unknown.
+
+    Under a hypervisor the name may be only "AMD EPYC" for every generation: Zen 4 (family
+    25) and Zen 5 (family 26) then read alike but train at different speeds.
+    """
+    entries = read_cpuinfo() if entries is None else entries
+    if "cpu family" not in entries:
+        return ""
+    parts = [entries.get("vendor_id", "")]
+    parts += [
+        f"{key.split()[-1]} {entries[key]}"
+        for key in ("cpu family", "model", "stepping")
+        if key in entries
+    ]
+    return " ".join(part for part in parts if part)
 
 
 def machine_key(device: torch.device) -> str:
@@ -80,7 +106,10 @@ def machine_key(device: torch.device) -> str:
         return f"cuda:{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
     model, flags = cpu_features()
     features = ",".join(sorted(flags & {"amx_bf16", "avx512_bf16", "avx512f"}))
-    return f"cpu:{model}|{features}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+    return (
+        f"cpu:{model}|{cpu_generation()}|{features}|torch {torch.__version__}"
+        f"|threads {torch.get_num_threads()}"
+    )
 
 
 def measure_bf16_speedup(device: torch.device, n: int = 1024, repeats: int = 5) -> float:
