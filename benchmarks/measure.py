@@ -12,16 +12,17 @@ from typing import Any
 import torch
 
 from qkv.launch import cpu_cores
-from qkv.precision import cpu_features, cpu_generation
+from qkv.precision import cpu_features, cpu_generation, read_cpuinfo
 
 
 def cpu_info() -> dict[str, Any]:
     """The processor's name and generation (two of one name may differ in speed), and the bf16
     features that decide whether bf16 runs in hardware."""
-    model, flags = cpu_features()
+    entries = read_cpuinfo()
+    model, flags = cpu_features(entries)
     return {
         "processor": model,
-        "cpu_generation": cpu_generation(),
+        "cpu_generation": cpu_generation(entries),
         **{flag: flag in flags for flag in ("amx_bf16", "avx512_bf16")},
     }
 

@@ -75,9 +75,9 @@ def read_cpuinfo(text: str | None = None) -> dict[str, str]:
     return entries
 
 
-def cpu_features() -> tuple[str, set[str]]:
-    """The processor's name and its feature flags (from /proc/cpuinfo where there is one)."""
-    entries = read_cpuinfo()
+def cpu_features(entries: dict[str, str] | None = None) -> tuple[str, set[str]]:
+    """The processor's name and its feature flags (``read_cpuinfo``'s, by default)."""
+    entries = read_cpuinfo() if entries is None else entries
     return entries.get("model name") or platform.processor(), set(entries.get("flags", "").split())
 
 
@@ -104,10 +104,11 @@ def machine_key(device: torch.device) -> str:
     """What the measurement depends on: the processor, its bf16 features, torch, threads."""
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}|torch {torch.__version__}"
-    model, flags = cpu_features()
+    entries = read_cpuinfo()
+    model, flags = cpu_features(entries)
     features = ",".join(sorted(flags & {"amx_bf16", "avx512_bf16", "avx512f"}))
     return (
-        f"cpu:{model}|{cpu_generation()}|{features}|torch {torch.__version__}"
+        f"cpu:{model}|{cpu_generation(entries)}|{features}|torch {torch.__version__}"
         f"|threads {torch.get_num_threads()}"
     )
 

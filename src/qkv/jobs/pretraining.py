@@ -257,6 +257,11 @@ class MaskedLMTask:
         return {"loss": total / max(count, 1), "accuracy": 100.0 * right / max(count, 1)}
 
 
+def mask_token_id(config: ModelConfig) -> int:
+    """The ``<mask>`` token's id: the last row of the embedding, one past the tokenizer's ids."""
+    return config.src_vocab_size - 1
+
+
 def sample_words(logits: Tensor, low: int, high: int, rng: torch.Generator | None = None) -> Tensor:
     """One id in [low, high) per row of ``logits`` (M, V), drawn from their softmax there.
 
@@ -305,8 +310,9 @@ class ReplacedTokenDetector(nn.Module):
         logits = self.generator(inputs, chosen)  # (M, V)
         text, replaced = inputs.clone(), torch.zeros_like(chosen)
         if len(logits):  # the sample is data for the encoder, not a gradient path (detached)
-            mask_id = self.config.src_vocab_size - 1  # no special id, no <mask>
-            sampled = sample_words(logits, FIRST_WORD_ID, mask_id, rng).to(inputs.device)
+            # words only: no special id, no <mask>
+            sampled = sample_words(logits, FIRST_WORD_ID, mask_token_id(self.config), rng)
+            sampled = sampled.to(inputs.device)
             text[chosen] = sampled
             replaced[chosen] = sampled != targets[chosen]
         return logits, self.detect(self.encoder(text)).squeeze(-1), replaced
@@ -478,9 +484,12 @@ def pretrain_encoder(
         budget,
     )
     sizes = dataclasses.replace(encoder.config, dropout=settings.pretrain_dropout)
-    mask_id = sizes.src_vocab_size - 1  # one past the tokenizer's ids
     task = TASKS[settings.pretrain_objective](
-        texts, valid, mask_id, settings.pretrain_max_tokens or max_tokens, settings.mask_prob
+        texts,
+        valid,
+        mask_token_id(sizes),
+        settings.pretrain_max_tokens or max_tokens,
+        settings.mask_prob,
     )
     model = task.model_class(sizes)
     run_config = {"task": task.name, "model": sizes.to_dict()}
